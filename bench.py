@@ -1,0 +1,189 @@
+"""Time the reference (eager, torch.compile) against ModelNew's backends on the same inputs; write results JSON.
+
+Every variant's output is checked against the eager reference before it is timed. Times: CUDA events around one
+forward, an L2 flush (>= 2x L2) before each trial, median / min / max over the trials.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import harness
+import reference
+
+TF32_FLOOR_MS = 0.37  # 152.2 GFLOP at the 413 TFLOP/s measured for a TF32 GEMM on an H200 (docs/perf-notes.md)
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--trials", type=int, default=25, help="timed trials per variant (at least 20)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-compile", action="store_true", help="do not time torch.compile (it takes minutes)")
+    p.add_argument("--measure-import", action="store_true",
+                   help="also time a first import (compile into an empty cache) and a cached import")
+    p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
+    args = p.parse_args()
+    if args.trials < 20:
+        p.error("--trials must be at least 20")
+    return args
+
+
+def default_output():
+    name = torch.cuda.get_device_name().lower()
+    match = re.search(r"\b([a-z]\d{2,4}[a-z]?)\b", name.replace("nvidia", ""))
+    tag = match.group(1) if match else re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{tag}.json")
+
+
+def measure_import():
+    """Seconds for `import model_new` in a fresh process: into an empty extension cache, then from the cache."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=cache)
+        code = "import time; t = time.perf_counter(); import model_new; assert model_new.extension_available(), " \
+               "model_new._ext_error; print(time.perf_counter() - t)"
+        for key in ("first", "cached"):
+            log(f"  import model_new ({key}) ...")
+            proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr)
+            out[key] = float(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main():
+    args = parse_args()
+    if not torch.cuda.is_available():
+        log("bench.py needs a CUDA GPU; none is available here.")
+        return 2
+
+    import_s = measure_import() if args.measure_import else None
+    import model_new
+
+    if not model_new.extension_available():
+        log(f"ModelNew's CUDA extension did not build: {model_new._ext_error}")
+        return 1
+
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default; the reference is defined under it
+    init = reference.get_init_inputs()
+    shape = (reference.batch_size, reference.in_channels, reference.height, reference.width)
+    ref, new = harness.make_models(args.seed, init, device="cuda")
+    ref.eval()
+    new.eval()
+    x = harness.make_input(shape, seed=args.seed + 1, device="cuda")
+    flops = harness.problem_flops(*shape)
+
+    with torch.no_grad():
+        want = ref(x)
+
+    def backend_fn(backend):
+        def run(inp):
+            new.backend = backend
+            return new(inp)
+
+        return run
+
+    variants = [("eager", ref)]
+    if not args.skip_compile:
+        variants += [
+            ("compile_default", torch.compile(ref)),
+            ("compile_max_autotune", torch.compile(ref, mode="max-autotune-no-cudagraphs")),
+        ]
+    variants += [("card", backend_fn("card")), ("fused", backend_fn("fused")), ("model_new", backend_fn("auto"))]
+
+    rows = {}
+    for name, fn in variants:
+        log(f"[{name}] checking output against the reference ...")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = fn(x)
+            torch.cuda.synchronize()
+            ok, diff = harness.compare(out, want)
+        log(f"[{name}] first call {time.perf_counter() - t0:.1f} s, max abs diff {diff:.3g}, allclose 1e-4: {ok}")
+        if not ok and name not in ("compile_default", "compile_max_autotune"):
+            log(f"[{name}] WRONG OUTPUT: not timed")
+            rows[name] = {"correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
+            continue
+        log(f"[{name}] timing {args.trials} trials ...")
+        with torch.no_grad():
+            times = harness.time_cuda(lambda: fn(x), trials=args.trials, warmup=args.warmup)
+        rows[name] = {"time_ms": harness.summarize(times), "correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
+        del out
+    new.backend = "auto"
+
+    def med(name):
+        return rows.get(name, {}).get("time_ms", {}).get("median")
+
+    compile_modes = [m for m in ("compile_default", "compile_max_autotune") if med(m) is not None]
+    best_compile = min((med(m) for m in compile_modes), default=None)
+    ms = {
+        "eager": med("eager"),
+        "compile": best_compile,
+        "compile_default": med("compile_default"),
+        "compile_max_autotune": med("compile_max_autotune"),
+        "card": med("card"),
+        "fused": med("fused"),
+        "model_new": med("model_new"),
+    }
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "shape": list(shape),
+        "model_new_backend": new.resolve_backend(x),
+        "trials": args.trials,
+        "ms": ms,
+        "speedup": {
+            "vs_eager": ms["eager"] / ms["model_new"] if ms["model_new"] else None,
+            "vs_compile": best_compile / ms["model_new"] if best_compile and ms["model_new"] else None,
+        },
+        "correct": rows["model_new"]["correct"],
+        "variants": rows,
+        "import_s": import_s,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+    log("")
+    log(f"{result['device']} | torch {result['torch']} | CUDA {result['cuda']} | cuDNN {result['cudnn']} | "
+        f"x {tuple(shape)} | {args.trials} trials, L2 flushed")
+    header = f"| {'variant':<22} | {'median ms':>9} | {'min':>7} | {'max':>7} | {'vs eager':>8} | " \
+             f"{'vs compile':>10} | {'TFLOP/s':>7} | {'% of TF32 floor':>15} | {'max abs diff':>12} |"
+    log(header)
+    log("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for name, row in rows.items():
+        t = row.get("time_ms")
+        if t is None:
+            log(f"| {name:<22} | {'wrong':>9} |")
+            continue
+        vs_compile = f"{best_compile / t['median']:.2f}x" if best_compile else "-"
+        log(f"| {name:<22} | {t['median']:9.3f} | {t['min']:7.3f} | {t['max']:7.3f} | "
+            f"{ms['eager'] / t['median']:7.2f}x | {vs_compile:>10} | {flops / t['median'] / 1e9:7.1f} | "
+            f"{100 * TF32_FLOOR_MS / t['median']:14.0f}% | {row['correct']['max_abs_diff']:12.2e} |")
+    if import_s:
+        log(f"import model_new: first (compile) {import_s['first']:.1f} s, cached {import_s['cached']:.2f} s")
+
+    path = args.output or default_output()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    log(f"wrote {path}")
+    return 0 if result["correct"]["allclose_1e-4"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

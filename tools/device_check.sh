@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build, test, bench, disassemble and sanitize on a CUDA machine. Logs go to $OUT (default ./device-out).
+# Usage: tools/device_check.sh [pytest|bench|bench-fast|sass|sanitize|all]...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+steps=("${@:-all}")
+want() { for s in "${steps[@]}"; do [[ $s == "$1" || $s == all ]] && return 0; done; return 1; }
+status=0
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+  python3 -c "import time; t = time.perf_counter(); import model_new; assert model_new.extension_available(), \
+model_new._ext_error; print(f'build + import: {time.perf_counter() - t:.1f} s')"; } 2>&1 | tee "$OUT/env.log" || status=1
+
+if want sass; then
+  lib=$(python3 -c "import model_new; print(model_new._ext.__file__)")
+  cuobjdump --dump-sass "$lib" > /tmp/ext.sass
+  { echo "HMMA: $(grep -c HMMA /tmp/ext.sass)  HGMMA: $(grep -c HGMMA /tmp/ext.sass)  LDL/STL: $(grep -cE '\b(LDL|STL)\b' /tmp/ext.sass)"
+    grep -E "Function :" /tmp/ext.sass; } 2>&1 | tee "$OUT/sass.log"
+fi
+if want pytest; then
+  python3 -m pytest -q -rs test_correctness.py 2>&1 | tee "$OUT/pytest.log" || status=1
+fi
+if want bench-fast; then
+  python3 bench.py --skip-compile --output "$OUT/bench-fast.json" 2>&1 | tee "$OUT/bench-fast.log" || status=1
+fi
+if want bench; then
+  python3 bench.py --measure-import 2>&1 | tee "$OUT/bench.log" || status=1
+  cp results/*.json "$OUT/" 2>/dev/null
+fi
+if want sanitize; then
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool"
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" python3 tools/sanitize.py 2>&1 | grep -vE "^========= *$" | tail -n 40
+  done 2>&1 | tee "$OUT/sanitize.log" || status=1
+fi
+exit $status

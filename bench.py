@@ -102,7 +102,12 @@ def main():
             ("compile_default", torch.compile(ref)),
             ("compile_max_autotune", torch.compile(ref, mode="max-autotune-no-cudagraphs")),
         ]
-    variants += [("card", backend_fn("card")), ("fused", backend_fn("fused")), ("model_new", backend_fn("auto"))]
+    variants += [
+        ("card", backend_fn("card")),
+        ("fused_mma_sync", backend_fn("fused_mma_sync")),
+        ("fused", backend_fn("fused")),
+        ("model_new", backend_fn("auto")),
+    ]
 
     rows = {}
     for name, fn in variants:
@@ -136,6 +141,7 @@ def main():
         "compile_max_autotune": med("compile_max_autotune"),
         "card": med("card"),
         "fused": med("fused"),
+        "fused_mma_sync": med("fused_mma_sync"),
         "model_new": med("model_new"),
     }
     result = {
@@ -146,6 +152,7 @@ def main():
         "python": platform.python_version(),
         "shape": list(shape),
         "model_new_backend": new.resolve_backend(x),
+        "fused_mma": model_new.fused_mma_kind(),
         "trials": args.trials,
         "ms": ms,
         "speedup": {

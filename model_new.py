@@ -6,7 +6,9 @@ C++ wrappers (checks, device guard, current stream, allocation) -> build at impo
 Backends (ModelNew.backend, or the `backend=` keyword):
   "fused"  one kernel: implicit-GEMM conv on TF32 tensor cores (operands rounded to nearest, as cuDNN does),
            bias, NaN-propagating min over the output channels, tanh, tanh; the 64-channel activation never
-           reaches memory. CUDA float32, 16->64 channels, 3x3 kernel.
+           reaches memory. CUDA float32, 16->64 channels, 3x3 kernel. wgmma on sm_90 (H100/H200), mma.sync on
+           other sm_80+ GPUs.
+  "fused_mma_sync"  the same kernel on mma.sync everywhere (the portable variant; kept for comparison).
   "card"   cuDNN conv (honours torch.backends.cudnn TF32 settings) + one fused min/tanh/tanh kernel.
   "torch"  the reference math in torch ops (any device).
   "auto"   (default) fused when the reference conv would run in TF32 and the shape is the fused one; card for
@@ -23,8 +25,9 @@ import torch.nn.functional as F
 FUSED_IN_CHANNELS = 16
 FUSED_OUT_CHANNELS = 64
 FUSED_KERNEL_SIZE = 3
-BACKENDS = ("auto", "fused", "card", "torch")
-EXTENSION_NAME = "kb25_conv_min_tanh2_v1"
+BACKENDS = ("auto", "fused", "fused_mma_sync", "card", "torch")
+FUSED_BACKENDS = ("fused", "fused_mma_sync")
+EXTENSION_NAME = "kb25_conv_min_tanh2"
 
 # ------------------------------------------------------------------------------------------------ CUDA source
 CUDA_SOURCE = r"""
@@ -35,12 +38,16 @@ namespace kb25 {
 
 // ---------------------------------------------------------------- traits
 enum class OperandPrecision { kTF32RoundNearest };  // strict fp32 (3xTF32), bf16 and fp16 slot in here
+// kWgmma: Hopper warpgroup MMA (sm_90a), A from registers, B from shared memory. kMmaSync: mma.sync m16n8k8,
+// any sm_80+ GPU. Both read the same input ring and produce the same accumulator layout.
+enum class MmaKind { kMmaSync, kWgmma };
 
-template <int kCin_, int kCout_, OperandPrecision kPrecision_>
+template <int kCin_, int kCout_, OperandPrecision kPrecision_, MmaKind kMma_>
 struct Conv3x3Traits {
   static constexpr int kCin = kCin_;
   static constexpr int kCout = kCout_;
   static constexpr OperandPrecision kPrecision = kPrecision_;
+  static constexpr MmaKind kMma = kMma_;
   static constexpr int kKsize = 3;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
@@ -63,9 +70,18 @@ struct Conv3x3Traits {
   static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
   static_assert(kPitch % 32 == 8 && kPitch >= kChunksPerRow * 4, "pitch must be 8 mod 32 and hold a row");
   static_assert(kPrecision == OperandPrecision::kTF32RoundNearest, "only TF32 round-to-nearest is implemented");
+  static_assert(kMma != MmaKind::kWgmma || (kWarps == 4 && kCout == 64), "one warpgroup issues m64n64k8");
 };
 
-using FusedTraits = Conv3x3Traits<KB25_FUSED_CIN, KB25_FUSED_COUT, OperandPrecision::kTF32RoundNearest>;
+template <MmaKind kMma>
+using FusedTraits = Conv3x3Traits<KB25_FUSED_CIN, KB25_FUSED_COUT, OperandPrecision::kTF32RoundNearest, kMma>;
+
+// wgmma exists only in code compiled for sm_90a; elsewhere its kernel body is empty and never launched.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KB25_HAS_WGMMA 1
+#else
+#define KB25_HAS_WGMMA 0
+#endif
 
 // ---------------------------------------------------------------- device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -105,6 +121,42 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
+// Warpgroup MMA. The instructions run asynchronously: registers they read (A) or accumulate into must stay
+// untouched until a wgmma.wait_group retires them; fence_operand() pins a value in its registers up to that point.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Shared-memory matrix descriptor, no swizzle: start address, leading (K-direction) and stride (N-direction) byte
+// offsets between 8-row x 16-byte core matrices, each field in 16-byte units.
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offset_bytes, uint32_t n_offset_bytes) {
+  return (uint64_t)((smem_u32(smem) >> 4) & 0x3FFF) | ((uint64_t)((k_offset_bytes >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((n_offset_bytes >> 4) & 0x3FFF) << 32);
+}
+
+// D(64x64) += A(64x8) * B(8x64). This warp supplies rows 16*warp .. +15 of A in the m16n8k8 A-fragment layout and
+// holds the same rows of D in the m16n8 C-fragment layout, one float[4] per n8 tile.
+__device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#if KB25_HAS_WGMMA
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
 }
 
 // ---------------------------------------------------------------- fused kernel: producer
@@ -150,23 +202,38 @@ __device__ __forceinline__ void round_row(float* slot) {
   }
 }
 
-// Weights go to shared memory once per CTA, rounded, in the order the MMA loop reads them. K is ordered
-// (kh, kw, ci): k-step ks = (kh*3 + kw) * (kCin/8) + cb covers channels cb*8 .. cb*8+7 of tap (kh, kw).
-// Float index ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment
-// element b[e&1] of n-tile 2q + e/2: B[k = t + 4*(e&1)][n = g]. One conflict-free 16-byte load per n-tile pair.
+// Weights go to shared memory once per CTA, rounded, in the order the MMA reads them. K is ordered (kh, kw, ci):
+// k-step ks = (kh*3 + kw) * (kCin/8) + cb covers channels cb*8 .. cb*8+7 of tap (kh, kw); kk = ci - cb*8.
+// kMmaSync: float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the
+//   B-fragment element b[e&1] of n-tile 2q + e/2: B[kk = t + 4*(e&1)][n = g]; one 16-byte load per n-tile pair.
+// kWgmma: each k-step is a 64 x 8 K-major tile of 8x4 core matrices, (n, kk) at float
+//   ks*512 + (n/8)*64 + (kk/4)*32 + (n%8)*4 + kk%4: K-direction core matrices 128 bytes apart, N-direction 256.
+template <class T>
+__device__ __forceinline__ int weight_slot_source(int i) {  // returns (co * kCin + ci) * 9 + tap
+  int co, ci, ks;
+  if constexpr (T::kMma == MmaKind::kMmaSync) {
+    const int e = i & 3, lane = (i >> 2) & 31;
+    const int q = (i >> 7) % (T::kNTiles / 2);
+    ks = (i >> 7) / (T::kNTiles / 2);
+    co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
+    ci = (ks % (T::kCin / 8)) * 8 + (lane & 3) + 4 * (e & 1);
+  } else {
+    ks = i / 512;
+    const int r = i % 512;
+    co = (r / 64) * 8 + (r % 32) / 4;
+    ci = (ks % (T::kCin / 8)) * 8 + ((r / 32) % 2) * 4 + r % 4;
+  }
+  const int tap = ks / (T::kCin / 8);
+  return (co * T::kCin + ci) * (T::kKsize * T::kKsize) + tap;
+}
+
 template <class T>
 __device__ void stage_weights(float* wsm, float* bsm, const float* __restrict__ w, const float* __restrict__ b) {
-  for (int i = threadIdx.x; i < T::kWeightFloats; i += T::kThreads) {
-    const int e = i & 3;
-    const int lane = (i >> 2) & 31;
-    const int q = (i >> 7) % (T::kNTiles / 2);
-    const int ks = (i >> 7) / (T::kNTiles / 2);
-    const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-    const int ci = (ks % (T::kCin / 8)) * 8 + (lane & 3) + 4 * (e & 1);
-    const int tap = ks / (T::kCin / 8);
-    wsm[i] = round_to_tf32(w[(co * T::kCin + ci) * (T::kKsize * T::kKsize) + tap]);
-  }
+  for (int i = threadIdx.x; i < T::kWeightFloats; i += T::kThreads) wsm[i] = round_to_tf32(w[weight_slot_source<T>(i)]);
   for (int i = threadIdx.x; i < T::kCout; i += T::kThreads) bsm[i] = b[i];
+  if constexpr (T::kMma == MmaKind::kWgmma) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads them through the async proxy
+  }
 }
 
 // ---------------------------------------------------------------- fused kernel: consumer
@@ -174,37 +241,85 @@ __device__ void stage_weights(float* wsm, float* bsm, const float* __restrict__ 
 // A fragment (m16n8k8, row-major): lane (g, t) holds a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
 // a3 = A[g+8][t+4], where A[pixel p][k] = x[ci][oy + kh][col + p + kw] sits at rows[kh][ci*kPitch + p + kw].
 template <class T>
-__device__ __forceinline__ void conv_tile_mma(float (&acc)[T::kMTiles][T::kNTiles][4], const float* const (&rows)[3],
-                                              const float* wsm, int warp_col, int lane) {
-  const int g = lane >> 2, t = lane & 3;
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[T::kMTiles][4], const float* const (&a_rows)[3],
+                                                 int ks) {
+  const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
+  const float* a_ptr = a_rows[tap / 3] + cb * 8 * T::kPitch + tap % 3;
 #pragma unroll
-  for (int kh = 0; kh < 3; ++kh) {
-    const float* a_row = rows[kh] + t * T::kPitch + warp_col + g;
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+    a[mt][0] = __float_as_uint(a_ptr[mt * 16]);
+    a[mt][1] = __float_as_uint(a_ptr[mt * 16 + 8]);
+    a[mt][2] = __float_as_uint(a_ptr[mt * 16 + 4 * T::kPitch]);
+    a[mt][3] = __float_as_uint(a_ptr[mt * 16 + 8 + 4 * T::kPitch]);
+  }
+}
+
+// a_rows[kh] points at this lane's first A element in input row oy + kh: channel t, pixel g of the warp.
+template <class T>
+__device__ __forceinline__ void conv_tile_mma(float (&acc)[T::kMTiles][T::kNTiles][4],
+                                              const float* const (&a_rows)[3], const float* wsm, int lane) {
 #pragma unroll
-    for (int kw = 0; kw < 3; ++kw) {
+  for (int ks = 0; ks < T::kKSteps; ++ks) {
+    const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (T::kNTiles / 2) * 32 + lane;
+    float4 bq[T::kNTiles / 2];
 #pragma unroll
-      for (int cb = 0; cb < T::kCin / 8; ++cb) {
-        const int ks = (kh * 3 + kw) * (T::kCin / 8) + cb;
-        const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (T::kNTiles / 2) * 32 + lane;
-        float4 bq[T::kNTiles / 2];
+    for (int q = 0; q < T::kNTiles / 2; ++q) bq[q] = wq[q * 32];
+    uint32_t a[T::kMTiles][4];
+    load_a_fragments<T>(a, a_rows, ks);
 #pragma unroll
-        for (int q = 0; q < T::kNTiles / 2; ++q) bq[q] = wq[q * 32];
-        const float* a_ptr = a_row + cb * 8 * T::kPitch + kw;
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
-        for (int mt = 0; mt < T::kMTiles; ++mt) {
-          uint32_t a[4];
-          a[0] = __float_as_uint(a_ptr[mt * 16]);
-          a[1] = __float_as_uint(a_ptr[mt * 16 + 8]);
-          a[2] = __float_as_uint(a_ptr[mt * 16 + 4 * T::kPitch]);
-          a[3] = __float_as_uint(a_ptr[mt * 16 + 8 + 4 * T::kPitch]);
-#pragma unroll
-          for (int q = 0; q < T::kNTiles / 2; ++q) {
-            mma_m16n8k8_tf32(acc[mt][2 * q], a, bq[q].x, bq[q].y);
-            mma_m16n8k8_tf32(acc[mt][2 * q + 1], a, bq[q].z, bq[q].w);
-          }
-        }
+      for (int q = 0; q < T::kNTiles / 2; ++q) {
+        mma_m16n8k8_tf32(acc[mt][2 * q], a[mt], bq[q].x, bq[q].y);
+        mma_m16n8k8_tf32(acc[mt][2 * q + 1], a[mt], bq[q].z, bq[q].w);
       }
     }
+  }
+}
+
+// The warpgroup issues one m64n64k8 per m-tile: row block w of each instruction is warp w's m-tile, so every warp
+// keeps its own pixels. A fragments are double-buffered in registers: the loads for k-step ks+1 run while the
+// tensor cores work on ks, and wait_group<1> frees the buffer that k-step ks-1 read.
+template <class T>
+__device__ __forceinline__ void conv_tile_wgmma(float (&acc)[T::kMTiles][T::kNTiles][4],
+                                                const float* const (&a_rows)[3], const float* wsm) {
+  uint32_t a[2][T::kMTiles][4];
+  const uint64_t desc0 = wgmma_desc(wsm, 128, 256);
+  load_a_fragments<T>(a[0], a_rows, 0);
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_operand(acc[mt][nt][i]);
+#pragma unroll
+  for (int ks = 0; ks < T::kKSteps; ++ks) {
+    const int buf = ks & 1;
+    wgmma_fence();
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) wgmma_m64n64k8_tf32(acc[mt], a[buf][mt], desc0 + (uint64_t)(ks * 128));
+    wgmma_commit();
+    if (ks + 1 < T::kKSteps) {
+      wgmma_wait<1>();
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fence_operand(a[buf ^ 1][mt][i]);
+      load_a_fragments<T>(a[buf ^ 1], a_rows, ks + 1);
+    }
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      fence_operand(a[0][mt][i]);
+      fence_operand(a[1][mt][i]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_operand(acc[mt][nt][i]);
   }
 }
 
@@ -268,7 +383,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     conv3x3_min_tanh2_tf32_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                   const float* __restrict__ b, float* __restrict__ out, int H, int W,
                                   int64_t total_steps) {
-  extern __shared__ __align__(16) float smem[];
+#if !KB25_HAS_WGMMA
+  if constexpr (T::kMma == MmaKind::kWgmma) return;  // compiled for a target without wgmma: never launched
+#endif
+  extern __shared__ __align__(128) float smem[];
   float* ring = smem;
   float* wsm = ring + T::kRing * T::kSlotFloats;
   float* bsm = wsm + T::kWeightFloats;
@@ -301,11 +419,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     if (prefetch) load_input_row<T>(slot(oy + T::kKsize), x_img, oy + T::kKsize, col0, H, W, vec16);
 
     const int warp_col = warp * T::kWarpCols;
-    if (col0 + warp_col < OW) {
+    // wgmma is warpgroup-collective: all four warps run it even when a warp's columns all lie past the edge.
+    if (T::kMma == MmaKind::kWgmma || col0 + warp_col < OW) {
       float acc[T::kMTiles][T::kNTiles][4];
       init_acc_with_bias<T>(acc, bsm, lane);
-      const float* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
-      conv_tile_mma<T>(acc, rows, wsm, warp_col, lane);
+      const int lane_offset = (lane & 3) * T::kPitch + warp_col + (lane >> 2);
+      const float* const a_rows[3] = {slot(oy) + lane_offset, slot(oy + 1) + lane_offset, slot(oy + 2) + lane_offset};
+      if constexpr (T::kMma == MmaKind::kWgmma) {
+        conv_tile_wgmma<T>(acc, a_rows, wsm);
+      } else {
+        conv_tile_mma<T>(acc, a_rows, wsm, lane);
+      }
       min_tanh2_store<T>(acc, out + (n * OH + oy) * (int64_t)OW, col0 + warp_col, OW, lane);
     }
     if (prefetch) {
@@ -358,9 +482,9 @@ __global__ void __launch_bounds__(256) min_tanh2_kernel(const float* __restrict_
 }  // namespace kb25
 
 // ---------------------------------------------------------------- launchers (raw pointers, current stream)
-cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
-                                          int H, int W, int num_sms, cudaStream_t stream) {
-  using T = kb25::FusedTraits;
+template <class T>
+static cudaError_t launch_fused(const float* x, const float* w, const float* b, float* out, int64_t N, int H, int W,
+                                int num_sms, cudaStream_t stream) {
   const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
   const int64_t steps = N * ((OW + T::kTileCols - 1) / T::kTileCols) * OH;
   if (steps <= 0) return cudaSuccess;
@@ -371,6 +495,14 @@ cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const 
   const int grid = (int)(steps < resident ? steps : resident);
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(x, w, b, out, H, W, steps);
   return cudaGetLastError();
+}
+
+// use_wgmma: the caller has checked that the device is sm_90 and this code was built for sm_90a.
+cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
+                                          int H, int W, bool use_wgmma, int num_sms, cudaStream_t stream) {
+  using kb25::MmaKind;
+  return use_wgmma ? launch_fused<kb25::FusedTraits<MmaKind::kWgmma>>(x, w, b, out, N, H, W, num_sms, stream)
+                   : launch_fused<kb25::FusedTraits<MmaKind::kMmaSync>>(x, w, b, out, N, H, W, num_sms, stream);
 }
 
 cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
@@ -399,7 +531,7 @@ CPP_SOURCE = r"""
 #include <c10/cuda/CUDAGuard.h>
 
 cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
-                                          int H, int W, int num_sms, cudaStream_t stream);
+                                          int H, int W, bool use_wgmma, int num_sms, cudaStream_t stream);
 cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
                              cudaStream_t stream);
 
@@ -410,8 +542,20 @@ static void check_cuda_float(const at::Tensor& t, const char* op, const char* na
 
 static int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
 
+// Whether this build holds the wgmma kernel (sm_90a) and the current device can run it.
+bool wgmma_available() {
+#ifdef KB25_BUILT_FOR_SM90A
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  return props->major == 9 && props->minor == 0;
+#else
+  return false;
+#endif
+}
+
 // (N, 16, H, W) -> (N, 1, H-2, W-2): tanh(tanh(min_c(conv3x3(x, weight) + bias))), TF32 operands.
-at::Tensor conv3x3_min_tanh2_tf32(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+// mma: "wgmma" (Hopper), "mma_sync" (any sm_80+), or "auto" (wgmma where available).
+at::Tensor conv3x3_min_tanh2_tf32(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const std::string& mma) {
   const char* op = "conv3x3_min_tanh2_tf32";
   check_cuda_float(x, op, "x");
   check_cuda_float(weight, op, "weight");
@@ -427,13 +571,18 @@ at::Tensor conv3x3_min_tanh2_tf32(const at::Tensor& x, const at::Tensor& weight,
               bias.device());
   TORCH_CHECK(x.size(2) >= 3 && x.size(3) >= 3, op, ": H and W must be at least 3, got ", x.sizes());
   TORCH_CHECK(x.size(2) <= INT32_MAX && x.size(3) <= INT32_MAX, op, ": H and W must fit in int32");
+  TORCH_CHECK(mma == "auto" || mma == "wgmma" || mma == "mma_sync", op,
+              ": mma must be 'auto', 'wgmma' or 'mma_sync', got '", mma, "'");
   const c10::cuda::CUDAGuard guard(x.device());
+  const bool use_wgmma = mma != "mma_sync" && wgmma_available();
+  TORCH_CHECK(use_wgmma || mma != "wgmma", op, ": wgmma needs an sm_90 GPU and a build for sm_90a");
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   at::Tensor out = at::empty({N, 1, H - 2, W - 2}, xc.options());
   const cudaError_t err = launch_conv3x3_min_tanh2_tf32(xc.data_ptr<float>(), wc.data_ptr<float>(),
                                                         bc.data_ptr<float>(), out.data_ptr<float>(), N, (int)H,
-                                                        (int)W, sm_count(), at::cuda::getCurrentCUDAStream());
+                                                        (int)W, use_wgmma, sm_count(),
+                                                        at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
   return out;
 }
@@ -454,7 +603,7 @@ at::Tensor min_tanh2(const at::Tensor& y) {
 }
 """
 
-EXTENSION_FUNCTIONS = ["conv3x3_min_tanh2_tf32", "min_tanh2"]
+EXTENSION_FUNCTIONS = ["conv3x3_min_tanh2_tf32", "min_tanh2", "wgmma_available"]
 
 
 def _config_defines():
@@ -472,6 +621,20 @@ def cpp_source():
 
 
 # ------------------------------------------------------------------------------------------------ build at import
+def _arch_flags():
+    """nvcc targets for the visible GPUs; sm_90 is built as sm_90a so that the wgmma kernel exists there."""
+    flags, defines = [], []
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        arch = f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+        flag = f"-gencode=arch=compute_{arch},code=sm_{arch}"
+        if flag not in flags:
+            flags.append(flag)
+        if arch == "90a" and not defines:
+            defines.append("-DKB25_BUILT_FOR_SM90A")
+    return flags, defines
+
+
 def _build_extension():
     """Compile once per source version (torch caches the build); None and the reason where it cannot."""
     if not torch.cuda.is_available():
@@ -482,13 +645,14 @@ def _build_extension():
         extra = {}
         if "no_implicit_headers" in inspect.signature(load_inline).parameters:
             extra["no_implicit_headers"] = True  # the sources include what they use; skips torch in the .cu
+        arch_flags, cpp_defines = _arch_flags()
         ext = load_inline(
             name=EXTENSION_NAME,
             cpp_sources=[cpp_source()],
             cuda_sources=[cuda_source()],
             functions=EXTENSION_FUNCTIONS,
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3", "-std=c++17"],
+            extra_cflags=["-O3", *cpp_defines],
+            extra_cuda_cflags=["-O3", "-std=c++17", *arch_flags],
             verbose=False,
             **extra,
         )
@@ -538,8 +702,15 @@ def run_backend(backend, x, weight, bias):
         return torch_forward(x, weight, bias)
     ext = _require_extension()
     if backend == "fused":
-        return ext.conv3x3_min_tanh2_tf32(x, weight, bias)
+        return ext.conv3x3_min_tanh2_tf32(x, weight, bias, "auto")
+    if backend == "fused_mma_sync":
+        return ext.conv3x3_min_tanh2_tf32(x, weight, bias, "mma_sync")
     return ext.min_tanh2(F.conv2d(x, weight, bias))
+
+
+def fused_mma_kind():
+    """Which tensor-core instruction the 'fused' backend uses on the current device."""
+    return "wgmma" if _require_extension().wgmma_available() else "mma_sync"
 
 
 class _FastForwardRecomputeBackward(torch.autograd.Function):
@@ -635,8 +806,8 @@ class ModelNew(nn.Module):
         weight, bias = self.conv.weight, self.conv.bias
         if backend == "torch":
             return torch_forward(x, weight, bias)
-        if backend == "fused" and not self.fused_supported():
-            raise ValueError("ModelNew backend 'fused' needs a float32 16->64 3x3 conv with bias")
+        if backend in FUSED_BACKENDS and not self.fused_supported():
+            raise ValueError(f"ModelNew backend {backend!r} needs a float32 16->64 3x3 conv with bias")
         if x.device.type != "cuda":
             raise ValueError(f"ModelNew backend {backend!r} needs CUDA input, got {x.device}")
         x = x.contiguous()

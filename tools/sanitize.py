@@ -19,6 +19,9 @@ CASES = [
     ("fused", (128, 16, 256, 256)),  # the full problem
     ("fused", (3, 16, 67, 300)),  # two column blocks, ragged rows and columns, 16-byte copies
     ("fused", (2, 16, 259, 130)),  # W % 4 != 0: 4-byte copies
+    ("fused_mma_sync", (128, 16, 256, 256)),
+    ("fused_mma_sync", (3, 16, 67, 300)),
+    ("fused_mma_sync", (2, 16, 259, 130)),
     ("card", (3, 16, 67, 300)),
     ("card", (2, 16, 259, 130)),
 ]
@@ -37,7 +40,7 @@ def main():
         torch.cuda.synchronize()
         ok, diff = harness.compare(got, want)
         failures += not ok
-        print(f"{backend:5s} {shape}: allclose {ok}, max abs diff {diff:.2e}", flush=True)
+        print(f"{backend:14s} {shape}: allclose {ok}, max abs diff {diff:.2e}", flush=True)
     return 1 if failures else 0
 
 

@@ -401,11 +401,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 
   const int64_t s_begin = total_steps * blockIdx.x / gridDim.x;
   const int64_t s_end = total_steps * (blockIdx.x + 1) / gridDim.x;
+  // Step s = (n * col_blocks + cb) * OH + oy; divide once, then advance incrementally.
+  int oy = (int)(s_begin % OH);
+  int cb = (int)((s_begin / OH) % col_blocks);
+  int64_t n = s_begin / OH / col_blocks;
   for (int64_t s = s_begin; s < s_end; ++s) {
-    const int oy = (int)(s % OH);
-    const int64_t strip = s / OH;
-    const int col0 = (int)(strip % col_blocks) * T::kTileCols;
-    const int64_t n = strip / col_blocks;
+    const int col0 = cb * T::kTileCols;
     const float* x_img = x + n * T::kCin * ((int64_t)H * W);
 
     if (s == s_begin || oy == 0) {
@@ -437,6 +438,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
       round_row<T>(slot(oy + T::kKsize));
     }
     __syncthreads();
+    if (++oy == OH) {
+      oy = 0;
+      if (++cb == col_blocks) {
+        cb = 0;
+        ++n;
+      }
+    }
   }
 }
 
@@ -498,15 +506,15 @@ static cudaError_t launch_fused(const float* x, const float* w, const float* b, 
 }
 
 // use_wgmma: the caller has checked that the device is sm_90 and this code was built for sm_90a.
-cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
                                           int H, int W, bool use_wgmma, int num_sms, cudaStream_t stream) {
   using kb25::MmaKind;
   return use_wgmma ? launch_fused<kb25::FusedTraits<MmaKind::kWgmma>>(x, w, b, out, N, H, W, num_sms, stream)
                    : launch_fused<kb25::FusedTraits<MmaKind::kMmaSync>>(x, w, b, out, N, H, W, num_sms, stream);
 }
 
-cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
-                             cudaStream_t stream) {
+extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
+                                        cudaStream_t stream) {
   const bool vec4 = (HW % 4 == 0) && ((reinterpret_cast<uintptr_t>(y) & 15) == 0) &&
                     ((reinterpret_cast<uintptr_t>(out) & 15) == 0);
   const int64_t work = N * (vec4 ? HW / 4 : HW);
@@ -530,10 +538,11 @@ CPP_SOURCE = r"""
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
-                                          int H, int W, bool use_wgmma, int num_sms, cudaStream_t stream);
-cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
-                             cudaStream_t stream);
+extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
+                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
+                                                     cudaStream_t stream);
+extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
+                                        cudaStream_t stream);
 
 static void check_cuda_float(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());

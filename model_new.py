@@ -36,45 +36,70 @@ CUDA_SOURCE = r"""
 
 namespace kb25 {
 
-// ---------------------------------------------------------------- traits
+// ================================================================ traits
 enum class OperandPrecision { kTF32RoundNearest };  // strict fp32 (3xTF32), bf16 and fp16 slot in here
-// kWgmma: Hopper warpgroup MMA (sm_90a), A from registers, B from shared memory. kMmaSync: mma.sync m16n8k8,
-// any sm_80+ GPU. Both read the same input ring and produce the same accumulator layout.
-enum class MmaKind { kMmaSync, kWgmma };
 
-template <int kCin_, int kCout_, OperandPrecision kPrecision_, MmaKind kMma_>
-struct Conv3x3Traits {
+// What both fused kernels share. K is ordered (kh, kw, ci): k-step ks covers channels (ks % (kCin/8)) * 8 .. +7
+// of tap ks / (kCin/8) = kh*3 + kw. A CTA is one warpgroup; one CTA step is one output row segment of kTileCols
+// pixels x all kCout channels, computed from a ring of input rows in shared memory.
+template <int kCin_, int kCout_>
+struct FusedShape {
   static constexpr int kCin = kCin_;
   static constexpr int kCout = kCout_;
-  static constexpr OperandPrecision kPrecision = kPrecision_;
-  static constexpr MmaKind kMma = kMma_;
+  static constexpr OperandPrecision kPrecision = OperandPrecision::kTF32RoundNearest;
   static constexpr int kKsize = 3;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMinBlocksPerSm = 2;             // two CTAs per SM: one computes while the other waits
-  static constexpr int kWarpCols = 64;                  // output pixels (one row segment) per warp
-  static constexpr int kMTiles = kWarpCols / 16;        // m16 tiles per warp
-  static constexpr int kNTiles = kCout / 8;             // every output channel in one warp: the min stays in registers
-  static constexpr int kTileCols = kWarps * kWarpCols;  // output columns per CTA step (one output row)
-  static constexpr int kChunksPerRow = (kTileCols + kKsize - 1 + 3) / 4;  // 16-byte chunks of one channel row
-  // Floats between channel rows in shared memory: the 4 lanes of a quad read 4 consecutive channels at the same
-  // pixel, so a pitch = 8 (mod 32) words puts a warp's 32 A-fragment loads in 32 distinct banks.
-  static constexpr int kPitch = ((kChunksPerRow * 4 + 23) / 32) * 32 + 8;
-  static constexpr int kRing = 4;                       // input rows resident: 3 in use + 1 prefetched
-  static constexpr int kSlotFloats = kCin * kPitch;
-  static constexpr int kKSteps = kCin * kKsize * kKsize / 8;
-  static constexpr int kWeightFloats = kKSteps * 32 * kNTiles * 2;
-  static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kWeightFloats + kCout) * sizeof(float);
+  static constexpr int kTaps = kKsize * kKsize;
+  static constexpr int kKSteps = kCin * kTaps / 8;
+  static constexpr int kThreads = 128;
+  static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM: one computes while the other loads or reduces
+  static constexpr int kTileCols = 256;
+  static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static_assert(kCin % 8 == 0, "input channels must fill whole k8 steps");
-  static_assert(kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
-  static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
-  static_assert(kPitch % 32 == 8 && kPitch >= kChunksPerRow * 4, "pitch must be 8 mod 32 and hold a row");
   static_assert(kPrecision == OperandPrecision::kTF32RoundNearest, "only TF32 round-to-nearest is implemented");
-  static_assert(kMma != MmaKind::kWgmma || (kWarps == 4 && kCout == 64), "one warpgroup issues m64n64k8");
 };
 
-template <MmaKind kMma>
-using FusedTraits = Conv3x3Traits<KB25_FUSED_CIN, KB25_FUSED_COUT, OperandPrecision::kTF32RoundNearest, kMma>;
+// mma.sync m16n8k8 (any sm_80+ GPU). Each warp: 64 pixels (4 m16 tiles) x all kCout channels (kCout/8 n8 tiles),
+// so the min over channels stays in registers. A (pixels x channels) and B (weights) both from shared memory.
+template <int kCin_, int kCout_>
+struct MmaSyncTraits : FusedShape<kCin_, kCout_> {
+  using S = FusedShape<kCin_, kCout_>;
+  static constexpr int kWarpCols = S::kTileCols / 4;
+  static constexpr int kMTiles = kWarpCols / 16;
+  static constexpr int kNTiles = S::kCout / 8;
+  static constexpr int kChunksPerRow = (S::kInCols + 3) / 4;  // 16-byte chunks of one channel row
+  // Slot layout [channel][kPitch]. The 4 lanes of a quad read 4 consecutive channels at one pixel: a pitch of
+  // 8 (mod 32) words puts a warp's 32 A-fragment loads in 32 distinct banks.
+  static constexpr int kPitch = ((kChunksPerRow * 4 + 23) / 32) * 32 + 8;
+  static constexpr int kPrefetch = 1;
+  static constexpr int kRing = S::kKsize + kPrefetch;
+  static constexpr int kSlotFloats = S::kCin * kPitch;
+  static constexpr int kWeightFloats = S::kKSteps * 32 * kNTiles * 2;
+  static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kWeightFloats + S::kCout) * sizeof(float);
+  static_assert(S::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
+  static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
+  static_assert(kPitch % 32 == 8 && kPitch >= kChunksPerRow * 4, "pitch must be 8 mod 32 and hold a row");
+};
+
+// wgmma m64n256k8 (sm_90a), operands swapped: A = weights (M = 64 output channels) in registers for the whole
+// kernel, B = input pixels (N = 256) x 8 channels from shared memory. One instruction per k-step, no A loads.
+template <int kCin_, int kCout_>
+struct WgmmaTraits : FusedShape<kCin_, kCout_> {
+  using S = FusedShape<kCin_, kCout_>;
+  static constexpr int kGroups = S::kCin / 4;  // 4 channels = 16 bytes = one core-matrix row
+  // Slot layout [group][column][4 channels]: 8 consecutive columns of one group are one 8 x 16-byte core matrix,
+  // whatever column they start at, so every tap's B operand is a plain descriptor into the slot.
+  static constexpr int kPitchCols = 264;
+  static constexpr int kGroupBytes = kPitchCols * 16;
+  static constexpr int kSlotFloats = kGroups * kPitchCols * 4;
+  static constexpr int kPrefetch = 2;
+  static constexpr int kRing = S::kKsize + kPrefetch;
+  static constexpr int kNBlocks = S::kTileCols / 8;  // n8 blocks of the accumulator
+  static constexpr int kRedRows = 16;               // cross-warp min: 4 warps x 4 lane pairs
+  static constexpr int kRedPitch = S::kTileCols + 8;  // rows 8 words apart: 2-way conflicts at most
+  static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kRedRows * kRedPitch) * sizeof(float);
+  static_assert(S::kCout == 64 && S::kTileCols == 256, "one m64n256k8 per k-step");
+  static_assert(kPitchCols >= S::kInCols, "a slot holds a whole input row segment");
+};
 
 // wgmma exists only in code compiled for sm_90a; elsewhere its kernel body is empty and never launched.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -83,7 +108,7 @@ using FusedTraits = Conv3x3Traits<KB25_FUSED_CIN, KB25_FUSED_COUT, OperandPrecis
 #define KB25_HAS_WGMMA 0
 #endif
 
-// ---------------------------------------------------------------- device helpers
+// ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -98,13 +123,19 @@ __device__ __forceinline__ void cp_async_4(float* dst, const float* src, bool va
                "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Round to nearest, ties away: what cuDNN's TF32 conv does to its operands (truncation would be 8e-4 off).
 __device__ __forceinline__ float round_to_tf32(float v) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
   return __uint_as_float(r);
+}
+__device__ __forceinline__ float4 round_to_tf32(float4 v) {
+  return make_float4(round_to_tf32(v.x), round_to_tf32(v.y), round_to_tf32(v.z), round_to_tf32(v.w));
 }
 
 // torch.min semantics: NaN wins (fminf would drop it).
@@ -123,8 +154,8 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
 
-// Warpgroup MMA. The instructions run asynchronously: registers they read (A) or accumulate into must stay
-// untouched until a wgmma.wait_group retires them; fence_operand() pins a value in its registers up to that point.
+// Warpgroup MMA runs asynchronously: registers it accumulates into must stay untouched until wgmma.wait_group;
+// fence_operand() pins a value in its registers across that window.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
@@ -132,36 +163,46 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// Shared-memory matrix descriptor, no swizzle: start address, leading (K-direction) and stride (N-direction) byte
-// offsets between 8-row x 16-byte core matrices, each field in 16-byte units.
-__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offset_bytes, uint32_t n_offset_bytes) {
+// Shared-memory matrix descriptor, no swizzle: start address, then the byte offsets between 8-row x 16-byte core
+// matrices along K (leading) and along M/N (stride), each field in 16-byte units.
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offset_bytes, uint32_t mn_offset_bytes) {
   return (uint64_t)((smem_u32(smem) >> 4) & 0x3FFF) | ((uint64_t)((k_offset_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((n_offset_bytes >> 4) & 0x3FFF) << 32);
+         ((uint64_t)((mn_offset_bytes >> 4) & 0x3FFF) << 32);
 }
 
-// D(64x64) += A(64x8) * B(8x64). This warp supplies rows 16*warp .. +15 of A in the m16n8k8 A-fragment layout and
-// holds the same rows of D in the m16n8 C-fragment layout, one float[4] per n8 tile.
-__device__ __forceinline__ void wgmma_m64n64k8_tf32(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if KB25_HAS_WGMMA
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1, 1, 1;\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
+@WGMMA_M64N256K8@
+
+// Step s = (n * col_blocks + cb) * OH + oy, the output row fastest: consecutive steps slide a 3-row input window
+// down one column block of one image. A CTA walks a contiguous range of steps; it divides once, then counts.
+struct StepWalker {
+  int oy, cb;
+  int64_t n;
+  const int OH, col_blocks;
+  __device__ StepWalker(int64_t s, int OH_, int col_blocks_) : OH(OH_), col_blocks(col_blocks_) {
+    oy = (int)(s % OH);
+    cb = (int)((s / OH) % col_blocks);
+    n = s / OH / col_blocks;
+  }
+  __device__ void advance() {
+    if (++oy == OH) {
+      oy = 0;
+      if (++cb == col_blocks) {
+        cb = 0;
+        ++n;
+      }
+    }
+  }
+};
+
+__device__ __forceinline__ void cta_step_range(int64_t total, int64_t& begin, int64_t& end) {
+  begin = total * blockIdx.x / gridDim.x;
+  end = total * (blockIdx.x + 1) / gridDim.x;
 }
 
-// ---------------------------------------------------------------- fused kernel: producer
-// Starts the copy of input row y (every channel; columns col0 .. col0 + 4*kChunksPerRow - 1) into a ring slot laid
-// out [channel][kPitch]. Thread tid owns chunks tid, tid + kThreads, ...; round_row() visits exactly the same
+// ================================================================ mma.sync kernel
+// Producer: starts the copy of input row y (every channel; columns col0 .. col0 + 4*kChunksPerRow - 1) into a
+// slot laid out [channel][kPitch]. Thread tid owns chunks tid, tid + kThreads, ...; round_row() visits the same
 // chunks, so a thread may round its own chunks once its copies have landed, without a barrier in between.
 template <class T>
 __device__ __forceinline__ void load_input_row(float* slot, const float* __restrict__ x_img, int y, int col0, int H,
@@ -191,70 +232,30 @@ template <class T>
 __device__ __forceinline__ void round_row(float* slot) {
   for (int c = threadIdx.x; c < T::kCin * T::kChunksPerRow; c += T::kThreads) {
     const int ci = c / T::kChunksPerRow;
-    const int j = c - ci * T::kChunksPerRow;
-    float4* p = reinterpret_cast<float4*>(slot + ci * T::kPitch + 4 * j);
-    float4 v = *p;
-    v.x = round_to_tf32(v.x);
-    v.y = round_to_tf32(v.y);
-    v.z = round_to_tf32(v.z);
-    v.w = round_to_tf32(v.w);
-    *p = v;
+    float4* p = reinterpret_cast<float4*>(slot + ci * T::kPitch + 4 * (c - ci * T::kChunksPerRow));
+    *p = round_to_tf32(*p);
   }
 }
 
-// Weights go to shared memory once per CTA, rounded, in the order the MMA reads them. K is ordered (kh, kw, ci):
-// k-step ks = (kh*3 + kw) * (kCin/8) + cb covers channels cb*8 .. cb*8+7 of tap (kh, kw); kk = ci - cb*8.
-// kMmaSync: float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the
-//   B-fragment element b[e&1] of n-tile 2q + e/2: B[kk = t + 4*(e&1)][n = g]; one 16-byte load per n-tile pair.
-// kWgmma: each k-step is a 64 x 8 K-major tile of 8x4 core matrices, (n, kk) at float
-//   ks*512 + (n/8)*64 + (kk/4)*32 + (n%8)*4 + kk%4: K-direction core matrices 128 bytes apart, N-direction 256.
-template <class T>
-__device__ __forceinline__ int weight_slot_source(int i) {  // returns (co * kCin + ci) * 9 + tap
-  int co, ci, ks;
-  if constexpr (T::kMma == MmaKind::kMmaSync) {
-    const int e = i & 3, lane = (i >> 2) & 31;
-    const int q = (i >> 7) % (T::kNTiles / 2);
-    ks = (i >> 7) / (T::kNTiles / 2);
-    co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-    ci = (ks % (T::kCin / 8)) * 8 + (lane & 3) + 4 * (e & 1);
-  } else {
-    ks = i / 512;
-    const int r = i % 512;
-    co = (r / 64) * 8 + (r % 32) / 4;
-    ci = (ks % (T::kCin / 8)) * 8 + ((r / 32) % 2) * 4 + r % 4;
-  }
-  const int tap = ks / (T::kCin / 8);
-  return (co * T::kCin + ci) * (T::kKsize * T::kKsize) + tap;
-}
-
+// Weights go to shared memory once per CTA, rounded, in the order the MMA reads them: float
+// ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment element
+// b[e&1] of n-tile 2q + e/2, i.e. B[k = t + 4*(e&1)][n = g]: one conflict-free 16-byte load per n-tile pair.
 template <class T>
 __device__ void stage_weights(float* wsm, float* bsm, const float* __restrict__ w, const float* __restrict__ b) {
-  for (int i = threadIdx.x; i < T::kWeightFloats; i += T::kThreads) wsm[i] = round_to_tf32(w[weight_slot_source<T>(i)]);
+  for (int i = threadIdx.x; i < T::kWeightFloats; i += T::kThreads) {
+    const int e = i & 3, lane = (i >> 2) & 31;
+    const int q = (i >> 7) % (T::kNTiles / 2);
+    const int ks = (i >> 7) / (T::kNTiles / 2);
+    const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
+    const int ci = (ks % (T::kCin / 8)) * 8 + (lane & 3) + 4 * (e & 1);
+    wsm[i] = round_to_tf32(w[(co * T::kCin + ci) * T::kTaps + ks / (T::kCin / 8)]);
+  }
   for (int i = threadIdx.x; i < T::kCout; i += T::kThreads) bsm[i] = b[i];
-  if constexpr (T::kMma == MmaKind::kWgmma) {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads them through the async proxy
-  }
 }
 
-// ---------------------------------------------------------------- fused kernel: consumer
-// One warp: kWarpCols consecutive output pixels of one output row x all kCout channels, K = kCin*9.
-// A fragment (m16n8k8, row-major): lane (g, t) holds a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4],
-// a3 = A[g+8][t+4], where A[pixel p][k] = x[ci][oy + kh][col + p + kw] sits at rows[kh][ci*kPitch + p + kw].
-template <class T>
-__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[T::kMTiles][4], const float* const (&a_rows)[3],
-                                                 int ks) {
-  const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
-  const float* a_ptr = a_rows[tap / 3] + cb * 8 * T::kPitch + tap % 3;
-#pragma unroll
-  for (int mt = 0; mt < T::kMTiles; ++mt) {
-    a[mt][0] = __float_as_uint(a_ptr[mt * 16]);
-    a[mt][1] = __float_as_uint(a_ptr[mt * 16 + 8]);
-    a[mt][2] = __float_as_uint(a_ptr[mt * 16 + 4 * T::kPitch]);
-    a[mt][3] = __float_as_uint(a_ptr[mt * 16 + 8 + 4 * T::kPitch]);
-  }
-}
-
-// a_rows[kh] points at this lane's first A element in input row oy + kh: channel t, pixel g of the warp.
+// Consumer, one warp. A fragment (m16n8k8, row-major): lane (g, t) holds a0 = A[g][t], a1 = A[g+8][t],
+// a2 = A[g][t+4], a3 = A[g+8][t+4], where A[pixel p][k] sits at a_rows[kh][cb*8*kPitch + p + kw] (a_rows already
+// point at channel t, pixel g of this warp).
 template <class T>
 __device__ __forceinline__ void conv_tile_mma(float (&acc)[T::kMTiles][T::kNTiles][4],
                                               const float* const (&a_rows)[3], const float* wsm, int lane) {
@@ -264,62 +265,19 @@ __device__ __forceinline__ void conv_tile_mma(float (&acc)[T::kMTiles][T::kNTile
     float4 bq[T::kNTiles / 2];
 #pragma unroll
     for (int q = 0; q < T::kNTiles / 2; ++q) bq[q] = wq[q * 32];
-    uint32_t a[T::kMTiles][4];
-    load_a_fragments<T>(a, a_rows, ks);
+    const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
+    const float* a_ptr = a_rows[tap / 3] + cb * 8 * T::kPitch + tap % 3;
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt) {
+      const uint32_t a[4] = {__float_as_uint(a_ptr[mt * 16]), __float_as_uint(a_ptr[mt * 16 + 8]),
+                             __float_as_uint(a_ptr[mt * 16 + 4 * T::kPitch]),
+                             __float_as_uint(a_ptr[mt * 16 + 8 + 4 * T::kPitch])};
 #pragma unroll
       for (int q = 0; q < T::kNTiles / 2; ++q) {
-        mma_m16n8k8_tf32(acc[mt][2 * q], a[mt], bq[q].x, bq[q].y);
-        mma_m16n8k8_tf32(acc[mt][2 * q + 1], a[mt], bq[q].z, bq[q].w);
+        mma_m16n8k8_tf32(acc[mt][2 * q], a, bq[q].x, bq[q].y);
+        mma_m16n8k8_tf32(acc[mt][2 * q + 1], a, bq[q].z, bq[q].w);
       }
     }
-  }
-}
-
-// The warpgroup issues one m64n64k8 per m-tile: row block w of each instruction is warp w's m-tile, so every warp
-// keeps its own pixels. A fragments are double-buffered in registers: the loads for k-step ks+1 run while the
-// tensor cores work on ks, and wait_group<1> frees the buffer that k-step ks-1 read.
-template <class T>
-__device__ __forceinline__ void conv_tile_wgmma(float (&acc)[T::kMTiles][T::kNTiles][4],
-                                                const float* const (&a_rows)[3], const float* wsm) {
-  uint32_t a[2][T::kMTiles][4];
-  const uint64_t desc0 = wgmma_desc(wsm, 128, 256);
-  load_a_fragments<T>(a[0], a_rows, 0);
-#pragma unroll
-  for (int mt = 0; mt < T::kMTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_operand(acc[mt][nt][i]);
-#pragma unroll
-  for (int ks = 0; ks < T::kKSteps; ++ks) {
-    const int buf = ks & 1;
-    wgmma_fence();
-#pragma unroll
-    for (int mt = 0; mt < T::kMTiles; ++mt) wgmma_m64n64k8_tf32(acc[mt], a[buf][mt], desc0 + (uint64_t)(ks * 128));
-    wgmma_commit();
-    if (ks + 1 < T::kKSteps) {
-      wgmma_wait<1>();
-#pragma unroll
-      for (int mt = 0; mt < T::kMTiles; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) fence_operand(a[buf ^ 1][mt][i]);
-      load_a_fragments<T>(a[buf ^ 1], a_rows, ks + 1);
-    }
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < T::kMTiles; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      fence_operand(a[0][mt][i]);
-      fence_operand(a[1][mt][i]);
-    }
-#pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_operand(acc[mt][nt][i]);
   }
 }
 
@@ -327,10 +285,9 @@ __device__ __forceinline__ void conv_tile_wgmma(float (&acc)[T::kMTiles][T::kNTi
 template <class T>
 __device__ __forceinline__ void init_acc_with_bias(float (&acc)[T::kMTiles][T::kNTiles][4], const float* bsm,
                                                    int lane) {
-  const int t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < T::kNTiles; ++nt) {
-    const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * t);
+    const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * (lane & 3));
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt) {
       acc[mt][nt][0] = bb.x;
@@ -341,9 +298,8 @@ __device__ __forceinline__ void init_acc_with_bias(float (&acc)[T::kMTiles][T::k
   }
 }
 
-// ---------------------------------------------------------------- fused kernel: epilogue
-// Min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane of the
-// quad ends with the minima of all kCout channels. Lane t then stores m-tile t, so a warp's stores are coalesced.
+// Epilogue: min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane
+// of the quad ends with the minima over all kCout channels. Lane t then stores m-tile t: coalesced stores.
 template <class T>
 __device__ __forceinline__ void min_tanh2_store(const float (&acc)[T::kMTiles][T::kNTiles][4], float* out_row,
                                                 int warp_col0, int OW, int lane) {
@@ -372,25 +328,17 @@ __device__ __forceinline__ void min_tanh2_store(const float (&acc)[T::kMTiles][T
   if (col + 8 < OW) out_row[col + 8] = tanh2(hi_t);
 }
 
-// ---------------------------------------------------------------- fused kernel
-// Persistent: CTA i takes a contiguous range of steps; a step is one output row segment of kTileCols columns,
-// ordered (image, column block, output row) with the row fastest, so consecutive steps slide a 3-row input
-// window down the image and each input row is copied from memory once per column block. The next row is
-// prefetched (cp.async) while the current one is computed; a strip change (new image or column block) refills
-// the window synchronously.
+// Persistent. The next input row is prefetched (cp.async) while the current one is computed; a strip change
+// (new image or column block) refills the window synchronously.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    conv3x3_min_tanh2_tf32_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                  const float* __restrict__ b, float* __restrict__ out, int H, int W,
-                                  int64_t total_steps) {
-#if !KB25_HAS_WGMMA
-  if constexpr (T::kMma == MmaKind::kWgmma) return;  // compiled for a target without wgmma: never launched
-#endif
+    conv3x3_min_tanh2_mma_sync_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                      const float* __restrict__ b, float* __restrict__ out, int H, int W,
+                                      int64_t total_steps) {
   extern __shared__ __align__(128) float smem[];
   float* ring = smem;
   float* wsm = ring + T::kRing * T::kSlotFloats;
   float* bsm = wsm + T::kWeightFloats;
-
   const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
   const int col_blocks = (OW + T::kTileCols - 1) / T::kTileCols;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -399,19 +347,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 
   stage_weights<T>(wsm, bsm, w, b);  // published by the barrier of the first window fill
 
-  const int64_t s_begin = total_steps * blockIdx.x / gridDim.x;
-  const int64_t s_end = total_steps * (blockIdx.x + 1) / gridDim.x;
-  // Step s = (n * col_blocks + cb) * OH + oy; divide once, then advance incrementally.
-  int oy = (int)(s_begin % OH);
-  int cb = (int)((s_begin / OH) % col_blocks);
-  int64_t n = s_begin / OH / col_blocks;
-  for (int64_t s = s_begin; s < s_end; ++s) {
-    const int col0 = cb * T::kTileCols;
-    const float* x_img = x + n * T::kCin * ((int64_t)H * W);
-
+  int64_t s_begin, s_end;
+  cta_step_range(total_steps, s_begin, s_end);
+  StepWalker at(s_begin, OH, col_blocks);
+  for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
+    const int oy = at.oy, col0 = at.cb * T::kTileCols;
+    const float* x_img = x + at.n * T::kCin * ((int64_t)H * W);
     if (s == s_begin || oy == 0) {
       for (int r = 0; r < T::kKsize; ++r) load_input_row<T>(slot(oy + r), x_img, oy + r, col0, H, W, vec16);
-      cp_async_wait_all();
+      cp_async_wait<0>();
       for (int r = 0; r < T::kKsize; ++r) round_row<T>(slot(oy + r));
       __syncthreads();
     }
@@ -420,35 +364,187 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     if (prefetch) load_input_row<T>(slot(oy + T::kKsize), x_img, oy + T::kKsize, col0, H, W, vec16);
 
     const int warp_col = warp * T::kWarpCols;
-    // wgmma is warpgroup-collective: all four warps run it even when a warp's columns all lie past the edge.
-    if (T::kMma == MmaKind::kWgmma || col0 + warp_col < OW) {
+    if (col0 + warp_col < OW) {
       float acc[T::kMTiles][T::kNTiles][4];
       init_acc_with_bias<T>(acc, bsm, lane);
       const int lane_offset = (lane & 3) * T::kPitch + warp_col + (lane >> 2);
       const float* const a_rows[3] = {slot(oy) + lane_offset, slot(oy + 1) + lane_offset, slot(oy + 2) + lane_offset};
-      if constexpr (T::kMma == MmaKind::kWgmma) {
-        conv_tile_wgmma<T>(acc, a_rows, wsm);
-      } else {
-        conv_tile_mma<T>(acc, a_rows, wsm, lane);
-      }
-      min_tanh2_store<T>(acc, out + (n * OH + oy) * (int64_t)OW, col0 + warp_col, OW, lane);
+      conv_tile_mma<T>(acc, a_rows, wsm, lane);
+      min_tanh2_store<T>(acc, out + (at.n * OH + oy) * (int64_t)OW, col0 + warp_col, OW, lane);
     }
     if (prefetch) {
-      cp_async_wait_all();
+      cp_async_wait<0>();
       round_row<T>(slot(oy + T::kKsize));
     }
     __syncthreads();
-    if (++oy == OH) {
-      oy = 0;
-      if (++cb == col_blocks) {
-        cb = 0;
-        ++n;
-      }
+  }
+}
+
+// ================================================================ wgmma kernel
+// Producer: starts the copy of input row y into a slot laid out [group][column][4 channels]. Item (group,
+// column) is one 16-byte chunk gathered from 4 channel planes; consecutive threads take consecutive columns, so
+// each of the 4 copies is coalesced across the warp. round_row_grouped() visits the same items per thread.
+template <class T>
+__device__ __forceinline__ void load_row_grouped(float* slot, const float* __restrict__ x_img, int y, int col0, int H,
+                                                 int W) {
+  const int64_t plane = (int64_t)H * W;
+  const float* src_row = x_img + (int64_t)y * W + col0;
+  for (int item = threadIdx.x; item < T::kGroups * T::kInCols; item += T::kThreads) {
+    const int grp = item / T::kInCols, col = item - grp * T::kInCols;
+    const bool valid = col0 + col < W;
+    float* dst = slot + (grp * T::kPitchCols + col) * 4;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) cp_async_4(dst + c, valid ? src_row + (grp * 4 + c) * plane + col : x_img, valid);
+  }
+  cp_async_commit();
+}
+
+template <class T>
+__device__ __forceinline__ void round_row_grouped(float* slot) {
+  for (int item = threadIdx.x; item < T::kGroups * T::kInCols; item += T::kThreads) {
+    const int grp = item / T::kInCols, col = item - grp * T::kInCols;
+    float4* p = reinterpret_cast<float4*>(slot + (grp * T::kPitchCols + col) * 4);
+    *p = round_to_tf32(*p);
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads the slot through the async proxy
+}
+
+// A operand for the whole kernel: warp w holds output channels (rows) 16w + g and 16w + g + 8 at k = t and t + 4
+// of every k-step, in the m16n8k8 A-fragment order a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
+template <class T>
+__device__ __forceinline__ void load_weight_fragments(uint32_t (&wa)[T::kKSteps][4], const float* __restrict__ w) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < T::kKSteps; ++ks) {
+    const int tap = ks / (T::kCin / 8), ci = (ks % (T::kCin / 8)) * 8 + t;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int co = warp * 16 + g + 8 * (i & 1);
+      wa[ks][i] = __float_as_uint(round_to_tf32(__ldg(w + (co * T::kCin + ci + 4 * (i >> 1)) * T::kTaps + tap)));
     }
   }
 }
 
-// ---------------------------------------------------------------- card-path kernel: min over C, tanh, tanh
+// Consumer: 18 back-to-back m64n256k8 into one accumulator, then one wait. B for k-step (kh, kw, cb): the slot of
+// input row oy + kh, channel groups 2cb and 2cb+1 (K-direction core matrices kGroupBytes apart), starting kw
+// columns in (N-direction core matrices 8 columns = 128 bytes apart).
+template <class T>
+__device__ __forceinline__ void conv_row_wgmma(float (&acc)[T::kNBlocks][4], const uint32_t (&wa)[T::kKSteps][4],
+                                               const float* const (&rows)[3]) {
+  uint64_t desc[3];
+#pragma unroll
+  for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], T::kGroupBytes, 128);
+#pragma unroll
+  for (int j = 0; j < T::kNBlocks; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < T::kKSteps; ++ks) {
+    const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
+    const uint32_t offset_16b = (2 * cb * T::kGroupBytes + (tap % 3) * 16) >> 4;
+    wgmma_m64n256k8_tf32(acc, wa[ks], desc[tap / 3] + offset_16b);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < T::kNBlocks; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
+}
+
+// Epilogue. D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
+// 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
+// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes 2 pixels.
+template <class T>
+__device__ __forceinline__ void min_tanh2_store_wgmma(const float (&acc)[T::kNBlocks][4], float* red, float* out_row,
+                                                      int col0, int OW) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  float* red_row = red + (warp * 4 + (g >> 1)) * T::kRedPitch + 2 * t;
+#pragma unroll
+  for (int j = 0; j < T::kNBlocks; ++j) {
+    float m0 = nan_min(acc[j][0], acc[j][2]);
+    float m1 = nan_min(acc[j][1], acc[j][3]);
+    m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 4));
+    m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
+    if ((j >= T::kNBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
+  }
+  __syncthreads();
+  const int p = 2 * threadIdx.x;
+  float2 v = *reinterpret_cast<const float2*>(red + p);
+#pragma unroll
+  for (int r = 1; r < T::kRedRows; ++r) {
+    const float2 u = *reinterpret_cast<const float2*>(red + r * T::kRedPitch + p);
+    v.x = nan_min(v.x, u.x);
+    v.y = nan_min(v.y, u.y);
+  }
+  if (col0 + p < OW) out_row[col0 + p] = tanh2(v.x);
+  if (col0 + p + 1 < OW) out_row[col0 + p + 1] = tanh2(v.y);
+}
+
+// Persistent. Two rows are prefetched ahead (cp.async groups, one per row); a strip change refills the window
+// synchronously.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
+    conv3x3_min_tanh2_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                   const float* __restrict__ b, float* __restrict__ out, int H, int W,
+                                   int64_t total_steps) {
+#if KB25_HAS_WGMMA
+  extern __shared__ __align__(128) float smem[];
+  float* ring = smem;
+  float* red = ring + T::kRing * T::kSlotFloats;
+  const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
+  const int col_blocks = (OW + T::kTileCols - 1) / T::kTileCols;
+  auto slot = [&](int y) { return ring + (y % T::kRing) * T::kSlotFloats; };
+
+  uint32_t wa[T::kKSteps][4];
+  load_weight_fragments<T>(wa, w);
+  const int co = (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2);
+  const float bias_lo = __ldg(b + co), bias_hi = __ldg(b + co + 8);
+
+  int64_t s_begin, s_end;
+  cta_step_range(total_steps, s_begin, s_end);
+  StepWalker at(s_begin, OH, col_blocks);
+  for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
+    const int oy = at.oy, col0 = at.cb * T::kTileCols;
+    const float* x_img = x + at.n * T::kCin * ((int64_t)H * W);
+    const bool has_next = (s + 1 < s_end) && (oy + 1 < OH);   // step s+1 needs row oy+3
+    const bool has_next2 = (s + 2 < s_end) && (oy + 2 < OH);  // step s+2 needs row oy+4
+    if (s == s_begin || oy == 0) {
+      for (int r = 0; r < T::kKsize; ++r) load_row_grouped<T>(slot(oy + r), x_img, oy + r, col0, H, W);
+      cp_async_wait<0>();
+      for (int r = 0; r < T::kKsize; ++r) round_row_grouped<T>(slot(oy + r));
+      __syncthreads();
+      if (has_next) load_row_grouped<T>(slot(oy + 3), x_img, oy + 3, col0, H, W);
+    }
+    // Row oy+4 goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
+    if (has_next2) load_row_grouped<T>(slot(oy + 4), x_img, oy + 4, col0, H, W);
+
+    float acc[T::kNBlocks][4];
+#pragma unroll
+    for (int j = 0; j < T::kNBlocks; ++j) {
+      acc[j][0] = acc[j][1] = bias_lo;
+      acc[j][2] = acc[j][3] = bias_hi;
+    }
+    const float* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
+    conv_row_wgmma<T>(acc, wa, rows);
+    min_tanh2_store_wgmma<T>(acc, red, out + (at.n * OH + oy) * (int64_t)OW, col0, OW);
+    if (has_next) {
+      if (has_next2) {
+        cp_async_wait<1>();  // row oy+3 has landed; oy+4 may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      round_row_grouped<T>(slot(oy + 3));
+    }
+    __syncthreads();
+  }
+#endif
+}
+
+// ================================================================ card-path kernel: min over C, tanh, tanh
 // y: (N, C, HW) contiguous; out: (N, HW). Each thread reduces kVec adjacent pixels over all channels; a warp reads
 // 32*kVec consecutive floats of one channel plane per load, so every load is coalesced.
 template <int kVec>
@@ -489,14 +585,13 @@ __global__ void __launch_bounds__(256) min_tanh2_kernel(const float* __restrict_
 
 }  // namespace kb25
 
-// ---------------------------------------------------------------- launchers (raw pointers, current stream)
-template <class T>
-static cudaError_t launch_fused(const float* x, const float* w, const float* b, float* out, int64_t N, int H, int W,
-                                int num_sms, cudaStream_t stream) {
+// ================================================================ launchers (raw pointers, current stream)
+template <class T, class Kernel>
+static cudaError_t launch_persistent(Kernel kernel, const float* x, const float* w, const float* b, float* out,
+                                     int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
   const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
   const int64_t steps = N * ((OW + T::kTileCols - 1) / T::kTileCols) * OH;
   if (steps <= 0) return cudaSuccess;
-  auto kernel = kb25::conv3x3_min_tanh2_tf32_kernel<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t resident = (int64_t)num_sms * T::kMinBlocksPerSm;
@@ -506,11 +601,15 @@ static cudaError_t launch_fused(const float* x, const float* w, const float* b, 
 }
 
 // use_wgmma: the caller has checked that the device is sm_90 and this code was built for sm_90a.
-extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out, int64_t N,
-                                          int H, int W, bool use_wgmma, int num_sms, cudaStream_t stream) {
-  using kb25::MmaKind;
-  return use_wgmma ? launch_fused<kb25::FusedTraits<MmaKind::kWgmma>>(x, w, b, out, N, H, W, num_sms, stream)
-                   : launch_fused<kb25::FusedTraits<MmaKind::kMmaSync>>(x, w, b, out, N, H, W, num_sms, stream);
+extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
+                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
+                                                     cudaStream_t stream) {
+  using Wg = kb25::WgmmaTraits<KB25_FUSED_CIN, KB25_FUSED_COUT>;
+  using Ms = kb25::MmaSyncTraits<KB25_FUSED_CIN, KB25_FUSED_COUT>;
+  if (use_wgmma) {
+    return launch_persistent<Wg>(kb25::conv3x3_min_tanh2_wgmma_kernel<Wg>, x, w, b, out, N, H, W, num_sms, stream);
+  }
+  return launch_persistent<Ms>(kb25::conv3x3_min_tanh2_mma_sync_kernel<Ms>, x, w, b, out, N, H, W, num_sms, stream);
 }
 
 extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
@@ -531,6 +630,21 @@ extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, i
   return cudaGetLastError();
 }
 """
+
+
+def _wgmma_m64n256k8_source():
+    """The m64n256k8 wrapper: 128 accumulator operands are written out here rather than by hand."""
+    d_regs = ", ".join(f"%{i}" for i in range(128))
+    d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(128))
+    return f"""// D(64 x 256) += A(64 x 8, registers: this warp's 16 rows) * B(8 x 256, shared memory, K-major).
+__device__ __forceinline__ void wgmma_m64n256k8_tf32(float (&d)[32][4], const uint32_t (&a)[4], uint64_t desc_b) {{
+#if KB25_HAS_WGMMA
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {{{d_regs}}}, {{%128, %129, %130, %131}}, %132, 1, 1, 1;\\n"
+      : {d_ops}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}}"""
 
 # ------------------------------------------------------------------------------------------------ C++ wrappers
 CPP_SOURCE = r"""
@@ -622,7 +736,7 @@ def _config_defines():
 
 def cuda_source():
     """The complete CUDA translation unit (no torch headers: plain nvcc compiles it)."""
-    return _config_defines() + CUDA_SOURCE
+    return _config_defines() + CUDA_SOURCE.replace("@WGMMA_M64N256K8@", _wgmma_m64n256k8_source())
 
 
 def cpp_source():

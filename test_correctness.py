@@ -200,7 +200,8 @@ def _ptxas_report(tmp_path):
 def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
     report = _ptxas_report(tmp_path)
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
-    assert any("conv3x3_min_tanh2_tf32_kernel" in k for k in kernels), report
+    for name in ("conv3x3_min_tanh2_mma_sync_kernel", "conv3x3_min_tanh2_wgmma_kernel"):
+        assert any(name in k for k in kernels), f"{name} missing\n{report}"
     assert sum("min_tanh2_kernel" in k and "conv3x3" not in k for k in kernels) == 2, report
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(frames) == len(kernels), report
@@ -448,10 +449,10 @@ def test_sass_uses_tensor_cores_without_local_memory():
         pytest.skip("cuobjdump is not on PATH")
     lib = model_new._ext.__file__
     sass = subprocess.run([cuobjdump, "--dump-sass", lib], capture_output=True, text=True, timeout=300).stdout
-    functions = re.split(r"\n\s*Function : ", sass)
-    fused = {("wgmma" if "MmaKindE1" in f[:300] else "mma_sync"): f for f in functions
-             if f.startswith("_ZN4kb2529conv3x3_min_tanh2_tf32_kernel")}
-    assert "HMMA" in fused["mma_sync"], "the mma.sync kernel has no HMMA"
+    functions = {f.split()[0]: f for f in re.split(r"\n\s*Function : ", sass)[1:]}
+    mma_sync = [f for name, f in functions.items() if "conv3x3_min_tanh2_mma_sync_kernel" in name]
+    wgmma = [f for name, f in functions.items() if "conv3x3_min_tanh2_wgmma_kernel" in name]
+    assert len(mma_sync) == 1 and "HMMA" in mma_sync[0], "the mma.sync kernel has no HMMA"
     if torch.cuda.get_device_capability() == (9, 0):
-        assert "HGMMA" in fused["wgmma"], "the wgmma kernel has no HGMMA"
+        assert len(wgmma) == 1 and "HGMMA" in wgmma[0], "the wgmma kernel has no HGMMA"
     assert not re.search(r"\b(LDL|STL)\b", sass), "a kernel uses local memory"

@@ -22,27 +22,35 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 import model_new  # noqa: E402
 
-PREFETCH_WAIT = """    if (prefetch) {
-      cp_async_wait_all();
-      round_row<T>(slot(oy + T::kKsize));
+PREFETCH_WAIT = """    if (has_next) {
+      if (has_next2) {
+        cp_async_wait<1>();  // row oy+3 has landed; oy+4 may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
+      round_row_grouped<T>(slot(oy + 3));
     }
     __syncthreads();
-    if (++oy == OH) {"""
+  }
+#endif"""
 
 
 def variants():
     src = model_new.cuda_source()
     assert PREFETCH_WAIT in src
+    # The probes edit the wgmma kernel only (the mma.sync kernel has its own, older pipeline).
+    no_loads = src.replace("const bool has_next = (s + 1 < s_end) && (oy + 1 < OH);", "const bool has_next = false;")
+    no_loads = no_loads.replace("const bool has_next2 = (s + 2 < s_end) && (oy + 2 < OH);",
+                                "const bool has_next2 = false;")
+    no_loads = no_loads.replace("if (s == s_begin || oy == 0) {\n      for (int r = 0; r < T::kKsize; ++r) "
+                                "load_row_grouped", "if (s == s_begin) {\n      for (int r = 0; r < T::kKsize; ++r) "
+                                "load_row_grouped")
     return {
         "base": src,
-        # the next row's copy is issued but never waited for: shows whether the step waits on memory
-        "no_prefetch_wait": src.replace(PREFETCH_WAIT, "    __syncthreads();\n    if (++oy == OH) {"),
+        # the next rows' copies are issued but never waited for: shows whether a step waits on memory
+        "no_prefetch_wait": src.replace(PREFETCH_WAIT, "    __syncthreads();\n  }\n#endif"),
         # no copy at all after the first window: compute, epilogue and barriers only
-        "no_row_loads": src.replace("const bool prefetch = (s + 1 < s_end) && (oy + 1 < OH);",
-                                    "const bool prefetch = false;").replace("if (s == s_begin || oy == 0) {",
-                                                                            "if (s == s_begin) {"),
-        # no barrier at the end of a step (racy): shows what the CTA-wide sync costs
-        "no_step_barrier": src.replace(PREFETCH_WAIT, PREFETCH_WAIT.replace("    __syncthreads();\n", "")),
+        "no_row_loads": no_loads,
     }
 
 

@@ -91,15 +91,14 @@ struct WgmmaTraits : FusedShape<kCin_, kCout_> {
   static constexpr int kPitchCols = 264;
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kSlotFloats = kGroups * kPitchCols * 4;
-  static constexpr int kPrefetch = 3;                 // input rows in flight ahead of the window
+  static constexpr int kPrefetch = 2;
   static constexpr int kRing = S::kKsize + kPrefetch;
-  static constexpr int kNBlocks = S::kTileCols / 8;   // n8 blocks of the accumulator
-  static constexpr int kRedRows = 8;                  // cross-warp min: 4 warps x 2 lane quads
-  static constexpr int kRedPitch = S::kTileCols + 8;  // rows 8 words apart: conflict-free partial stores
+  static constexpr int kNBlocks = S::kTileCols / 8;  // n8 blocks of the accumulator
+  static constexpr int kRedRows = 16;               // cross-warp min: 4 warps x 4 lane pairs
+  static constexpr int kRedPitch = S::kTileCols + 8;  // rows 8 words apart: 2-way conflicts at most
   static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kRedRows * kRedPitch) * sizeof(float);
   static_assert(S::kCout == 64 && S::kTileCols == 256, "one m64n256k8 per k-step");
   static_assert(kPitchCols >= S::kInCols, "a slot holds a whole input row segment");
-  static_assert(kPrefetch >= 1 && kPrefetch <= 3, "cp_async_wait_pending covers up to 2 younger groups");
 };
 
 // wgmma exists only in code compiled for sm_90a; elsewhere its kernel body is empty and never launched.
@@ -127,16 +126,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-// Wait until at most `pending` (0..2) of this thread's most recent copy groups are still in flight.
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  if (pending <= 0) {
-    cp_async_wait<0>();
-  } else if (pending == 1) {
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<2>();
-  }
 }
 
 // Round to nearest, ties away: what cuDNN's TF32 conv does to its operands (truncation would be 8e-4 off).
@@ -466,24 +455,21 @@ __device__ __forceinline__ void conv_row_wgmma(float (&acc)[T::kNBlocks][4], con
 }
 
 // Epilogue. D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
-// 8j + 2t + (i & 1). Min over its two channels, then over g^1 and g^2 (lane xor 4, 8): the 4 lanes g&3 = 0..3
-// now hold the same values and each stores a quarter of them. The 8 partial minima per pixel (4 warps x 2 lane
-// quads) meet in shared memory, where each thread finishes 2 pixels.
+// 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
+// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes 2 pixels.
 template <class T>
 __device__ __forceinline__ void min_tanh2_store_wgmma(const float (&acc)[T::kNBlocks][4], float* red, float* out_row,
                                                       int col0, int OW) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  float* red_row = red + (warp * 2 + (g >> 2)) * T::kRedPitch + 2 * t;
+  float* red_row = red + (warp * 4 + (g >> 1)) * T::kRedPitch + 2 * t;
 #pragma unroll
   for (int j = 0; j < T::kNBlocks; ++j) {
     float m0 = nan_min(acc[j][0], acc[j][2]);
     float m1 = nan_min(acc[j][1], acc[j][3]);
     m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 4));
     m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
-    m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 8));
-    m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 8));
-    if (j / (T::kNBlocks / 4) == (g & 3)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
+    if ((j >= T::kNBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
   }
   __syncthreads();
   const int p = 2 * threadIdx.x;
@@ -498,8 +484,8 @@ __device__ __forceinline__ void min_tanh2_store_wgmma(const float (&acc)[T::kNBl
   if (col0 + p + 1 < OW) out_row[col0 + p + 1] = tanh2(v.y);
 }
 
-// Persistent. kPrefetch rows are in flight ahead of the window (cp.async, one group per row, issued in row order);
-// a strip change refills the window synchronously.
+// Persistent. Two rows are prefetched ahead (cp.async groups, one per row); a strip change refills the window
+// synchronously.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     conv3x3_min_tanh2_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w,
@@ -524,22 +510,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
     const int oy = at.oy, col0 = at.cb * T::kTileCols;
     const float* x_img = x + at.n * T::kCin * ((int64_t)H * W);
-    // Later steps of this CTA that keep this window (same image and column block); step s+i needs row oy+2+i.
-    const int64_t left_in_range = s_end - 1 - s;
-    const int ahead = (int)(left_in_range < OH - 1 - oy ? left_in_range : OH - 1 - oy);
+    const bool has_next = (s + 1 < s_end) && (oy + 1 < OH);   // step s+1 needs row oy+3
+    const bool has_next2 = (s + 2 < s_end) && (oy + 2 < OH);  // step s+2 needs row oy+4
     if (s == s_begin || oy == 0) {
       for (int r = 0; r < T::kKsize; ++r) load_row_grouped<T>(slot(oy + r), x_img, oy + r, col0, H, W);
       cp_async_wait<0>();
       for (int r = 0; r < T::kKsize; ++r) round_row_grouped<T>(slot(oy + r));
       __syncthreads();
-      for (int i = 1; i < T::kPrefetch && i <= ahead; ++i) {
-        load_row_grouped<T>(slot(oy + 2 + i), x_img, oy + 2 + i, col0, H, W);
-      }
+      if (has_next) load_row_grouped<T>(slot(oy + 3), x_img, oy + 3, col0, H, W);
     }
-    // Row oy+2+kPrefetch goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
-    if (ahead >= T::kPrefetch) {
-      load_row_grouped<T>(slot(oy + 2 + T::kPrefetch), x_img, oy + 2 + T::kPrefetch, col0, H, W);
-    }
+    // Row oy+4 goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
+    if (has_next2) load_row_grouped<T>(slot(oy + 4), x_img, oy + 4, col0, H, W);
 
     float acc[T::kNBlocks][4];
 #pragma unroll
@@ -550,9 +531,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     const float* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
     conv_row_wgmma<T>(acc, wa, rows);
     min_tanh2_store_wgmma<T>(acc, red, out + (at.n * OH + oy) * (int64_t)OW, col0, OW);
-    if (ahead >= 1) {
-      // In flight: rows oy+3 .. oy+2+min(ahead, kPrefetch), oldest first. Step s+1 needs only row oy+3.
-      cp_async_wait_pending((ahead < T::kPrefetch ? ahead : T::kPrefetch) - 1);
+    if (has_next) {
+      if (has_next2) {
+        cp_async_wait<1>();  // row oy+3 has landed; oy+4 may still be in flight
+      } else {
+        cp_async_wait<0>();
+      }
       round_row_grouped<T>(slot(oy + 3));
     }
     __syncthreads();

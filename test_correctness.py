@@ -1,5 +1,4 @@
 """ModelNew against reference.Model. CPU tests run everywhere; GPU tests need CUDA and skip with a reason."""
-import os
 import re
 import shutil
 import subprocess

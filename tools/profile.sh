@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Timing probes and Nsight Compute counters for the fused kernel (both MMA kinds). Logs under $OUT.
+# (The ncu kernel filter matches the demangled base names conv3x3_min_tanh2_{wgmma,mma_sync}_kernel.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}

@@ -17,8 +17,8 @@ import harness  # noqa: E402
 
 CASES = [
     ("fused", (128, 16, 256, 256)),  # the full problem
-    ("fused", (3, 16, 67, 300)),  # two column blocks, ragged rows and columns, 16-byte copies
-    ("fused", (2, 16, 259, 130)),  # W % 4 != 0: 4-byte copies
+    ("fused", (3, 16, 67, 300)),  # two column blocks, ragged rows and columns
+    ("fused", (2, 16, 259, 130)),  # W % 4 != 0 (the mma.sync kernel's 4-byte copy path)
     ("fused_mma_sync", (128, 16, 256, 256)),
     ("fused_mma_sync", (3, 16, 67, 300)),
     ("fused_mma_sync", (2, 16, 259, 130)),

@@ -1,7 +1,9 @@
-"""Time the reference (eager, torch.compile) against ModelNew's backends on the same inputs; write results JSON.
+"""Time the reference (eager, torch.compile) against ModelNew's backends on the same inputs; write results JSON
+and a picture of the medians next to it.
 
 Every variant's output is checked against the eager reference before it is timed. Times: CUDA events around one
-forward, an L2 flush (>= 2x L2) before each trial, median / min / max over the trials.
+forward, an L2 flush (>= 2x L2) before each trial, median / min / max over the trials. Also measured: ModelNew
+under torch.compile(fullgraph=True), and the host (CPU) time of one call on a tiny input.
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ import torch
 import harness
 import reference
 
+COMPILED_REFERENCES = ("compile_default", "compile_max_autotune")
 TF32_FLOOR_MS = 0.37  # 152.2 GFLOP at the 413 TFLOP/s measured for a TF32 GEMM on an H200 (docs/perf-notes.md)
 
 
@@ -55,7 +58,7 @@ def measure_import():
         env = dict(os.environ, TORCH_EXTENSIONS_DIR=cache)
         # torch is imported before the clock starts: this times model_new's own import (build or cache load)
         code = "import torch, time; t = time.perf_counter(); import model_new; " \
-               "assert model_new.extension_available(), model_new._ext_error; print(time.perf_counter() - t)"
+               "assert model_new.extension_available(); print(time.perf_counter() - t)"
         for key in ("first", "cached"):
             log(f"  import model_new ({key}) ...")
             proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True)
@@ -65,6 +68,34 @@ def measure_import():
     return out
 
 
+def draw(rows, result, path):
+    """Median ms per variant (log scale) with min-max whiskers and the TF32 floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [(name, row["time_ms"]) for name, row in rows.items() if "time_ms" in row]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(timed) + 1.5))
+    ys = range(len(timed))
+    medians = [t["median"] for _, t in timed]
+    whiskers = [[t["median"] - t["min"] for _, t in timed], [t["max"] - t["median"] for _, t in timed]]
+    ax.barh(ys, medians, xerr=whiskers, color=["tab:gray" if "compile" in n or n == "eager" else "tab:blue"
+                                                for n, _ in timed], capsize=3)
+    for y, m in zip(ys, medians):
+        ax.text(m * 1.05, y, f"{m:.3f}", va="center", fontsize=8)
+    ax.axvline(TF32_FLOOR_MS, color="tab:red", linestyle="--", label=f"TF32 floor {TF32_FLOOR_MS} ms")
+    ax.set_yticks(list(ys), [n for n, _ in timed])
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("median ms per forward (min-max whiskers), L2 flushed")
+    ax.set_title(f"{result['device']}, x {tuple(result['shape'])}, {result['trials']} trials", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     args = parse_args()
     if not torch.cuda.is_available():
@@ -72,11 +103,7 @@ def main():
         return 2
 
     import_s = measure_import() if args.measure_import else None
-    import model_new
-
-    if not model_new.extension_available():
-        log(f"ModelNew's CUDA extension did not build: {model_new._ext_error}")
-        return 1
+    import model_new  # builds the extension; a failed build raises here with the compiler's message
 
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's default; the reference is defined under it
     init = reference.get_init_inputs()
@@ -90,12 +117,8 @@ def main():
     with torch.no_grad():
         want = ref(x)
 
-    def backend_fn(backend):
-        def run(inp):
-            new.backend = backend
-            return new(inp)
-
-        return run
+    def model_with(backend):
+        return harness.make_models(args.seed, init, device="cuda", backend=backend)[1].eval()
 
     variants = [("eager", ref)]
     if not args.skip_compile:
@@ -103,12 +126,10 @@ def main():
             ("compile_default", torch.compile(ref)),
             ("compile_max_autotune", torch.compile(ref, mode="max-autotune-no-cudagraphs")),
         ]
-    variants += [
-        ("card", backend_fn("card")),
-        ("fused_mma_sync", backend_fn("fused_mma_sync")),
-        ("fused", backend_fn("fused")),
-        ("model_new", backend_fn("auto")),
-    ]
+    variants += [(backend, model_with(backend)) for backend in ("cudnn_epilogue", "fused_mma_sync", "fused")]
+    variants += [("model_new", new)]
+    if not args.skip_compile:
+        variants += [("model_new_compiled", torch.compile(new, fullgraph=True))]
 
     rows = {}
     for name, fn in variants:
@@ -119,7 +140,7 @@ def main():
             torch.cuda.synchronize()
             ok, diff = harness.compare(out, want)
         log(f"[{name}] first call {time.perf_counter() - t0:.1f} s, max abs diff {diff:.3g}, allclose 1e-4: {ok}")
-        if not ok and name not in ("compile_default", "compile_max_autotune"):
+        if not ok and name not in COMPILED_REFERENCES:
             log(f"[{name}] WRONG OUTPUT: not timed")
             rows[name] = {"correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
             continue
@@ -128,8 +149,6 @@ def main():
             times = harness.time_cuda(lambda: fn(x), trials=args.trials, warmup=args.warmup)
         rows[name] = {"time_ms": harness.summarize(times), "correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
         del out
-    new.backend = "auto"
-
     def med(name):
         return rows.get(name, {}).get("time_ms", {}).get("median")
 
@@ -140,11 +159,15 @@ def main():
         "compile": best_compile,
         "compile_default": med("compile_default"),
         "compile_max_autotune": med("compile_max_autotune"),
-        "card": med("card"),
+        "cudnn_epilogue": med("cudnn_epilogue"),
         "fused": med("fused"),
         "fused_mma_sync": med("fused_mma_sync"),
         "model_new": med("model_new"),
+        "model_new_compiled": med("model_new_compiled"),
     }
+    compiled_row = rows.get("model_new_compiled", {})
+    log("host time per call on a (1, 16, 8, 8) input ...")
+    host_us = harness.measure_host_us(new)
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -162,6 +185,8 @@ def main():
         },
         "correct": rows["model_new"]["correct"],
         "variants": rows,
+        "compile_fullgraph": bool(compiled_row.get("correct", {}).get("allclose_1e-4")) and "time_ms" in compiled_row,
+        "host_us": host_us,
         "import_s": import_s,
         "date": time.strftime("%Y-%m-%d"),
     }
@@ -182,14 +207,21 @@ def main():
         log(f"| {name:<22} | {t['median']:9.3f} | {t['min']:7.3f} | {t['max']:7.3f} | "
             f"{ms['eager'] / t['median']:7.2f}x | {vs_compile:>10} | {flops / t['median'] / 1e9:7.1f} | "
             f"{100 * TF32_FLOOR_MS / t['median']:14.0f}% | {row['correct']['max_abs_diff']:12.2e} |")
+    log(f"host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in host_us.items()))
     if import_s:
         log(f"import model_new: first (compile) {import_s['first']:.1f} s, cached {import_s['cached']:.2f} s")
 
     path = args.output or default_output()
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):  # keep what other tools recorded there (tools/kernelbench_eval.py: "kernelbench")
+        with open(path) as f:
+            result = {**json.load(f), **result}
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     log(f"wrote {path}")
+    picture = os.path.splitext(path)[0] + ".png"
+    draw(rows, result, picture)
+    log(f"wrote {picture}")
     return 0 if result["correct"]["allclose_1e-4"] else 1
 
 

@@ -1,39 +1,99 @@
-"""Drop-in replacement for reference.Model: Conv2d(16->64, 3x3) -> min over channels -> tanh -> tanh.
+"""Drop-in replacement for reference.Model: Conv2d(16->64, 3x3) -> min over dim 1 -> tanh -> tanh.
 
 Read top to bottom: constants -> CUDA source (traits, device helpers, kernels, launchers; no torch headers) ->
-C++ wrappers (checks, device guard, current stream, allocation) -> build at import -> ModelNew.
+C++ op (input checks, the backend decision table, the two CUDA paths) -> build at import -> the torch.library
+op (CPU kernel, fake kernel, autograd) -> ModelNew.
 
 Backends (ModelNew.backend, or the `backend=` keyword):
-  "fused"  one kernel: implicit-GEMM conv on TF32 tensor cores (operands rounded to nearest, as cuDNN does),
-           bias, NaN-propagating min over the output channels, tanh, tanh; the 64-channel activation never
-           reaches memory. CUDA float32, 16->64 channels, 3x3 kernel. wgmma on sm_90 (H100/H200), mma.sync on
-           other sm_80+ GPUs.
+  "fused"           one kernel: implicit-GEMM conv on TF32 tensor cores (operands rounded to nearest, as cuDNN
+                    does), bias, NaN-propagating min over the 64 output channels, tanh, tanh; the activation never
+                    reaches memory. CUDA float32, 16->64 channels, 3x3, batched input. wgmma on sm_90 (H100/H200),
+                    mma.sync on other sm_80+ GPUs.
   "fused_mma_sync"  the same kernel on mma.sync everywhere (the portable variant; kept for comparison).
-  "card"   cuDNN conv (honours torch.backends.cudnn TF32 settings) + one fused min/tanh/tanh kernel.
-  "torch"  the reference math in torch ops (any device).
-  "auto"   (default) fused when the reference conv would run in TF32 and the shape is the fused one; card for
-           other CUDA float32 work (strict fp32 included); torch on the CPU.
+  "cudnn_epilogue"  cuDNN's conv through ATen (honours every torch.backends.cudnn setting) + one kernel for the min
+                    over dim 1 and the two tanh, templated on float32, float64, float16 and bfloat16. ("card" is
+                    an accepted alias, its former name.)
+  "torch"           the reference math in torch ops (any device).
+  "auto"            (default) decided per call by the table in resolve_backend() (C++): fused when the input is a
+                    batched CUDA float32 tensor, the conv is 16->64 3x3 and the reference conv would run in TF32;
+                    cudnn_epilogue for every other CUDA input; on the CPU the reference math.
+
+The forward is one torch.library op, kb25::conv_min_tanh2(x, weight, bias, backend): CUDA kernel in C++, CPU
+kernel in torch ops, a fake kernel for tracing, and an autograd formula. torch.compile(fullgraph=True) and CUDA
+graphs see that op. In eager mode, with nothing to record for autograd, ModelNew calls the op's CUDA kernel
+directly: the same C++ function, without the dispatcher's Python layers (a few microseconds per call).
 """
 import inspect
-import warnings
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 # ------------------------------------------------------------------------------------------------ constants
 FUSED_IN_CHANNELS = 16
 FUSED_OUT_CHANNELS = 64
 FUSED_KERNEL_SIZE = 3
-BACKENDS = ("auto", "fused", "fused_mma_sync", "card", "torch")
+# The op's backend argument: code = position. "torch" never reaches the op (it is the torch math itself).
+OP_BACKENDS = ("auto", "fused", "fused_mma_sync", "cudnn_epilogue")
+BACKENDS = OP_BACKENDS + ("torch",)
+BACKEND_ALIASES = {"card": "cudnn_epilogue"}
 FUSED_BACKENDS = ("fused", "fused_mma_sync")
+# Element types of the epilogue kernel; code = position. Also the dtypes ModelNew accepts.
+SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
+OP_NAMESPACE = "kb25"
+OP_NAME = "conv_min_tanh2"
+OP_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, int backend) -> Tensor"
+
+
+def _camel(name):
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _dtype_name(dtype):
+    return str(dtype)  # torch.float32, as Python prints it; the C++ checks print the same
+
+
+def _shared_declarations():
+    """Everything both translation units must agree on, written once: the fused shape, the backend and element
+    codes, the names printed in errors, and the launchers' signatures (a mismatch with their definitions in the
+    CUDA source is a compile error)."""
+    backends = "\n".join(f"inline constexpr int64_t kBackend{_camel(n)} = {i};" for i, n in enumerate(OP_BACKENDS))
+    names = ", ".join(f'"{n}"' for n in OP_BACKENDS)
+    elems = "\n".join(f"inline constexpr int kElem{_camel(str(d).split('.')[1])} = {i};" for i, d in enumerate(SUPPORTED_DTYPES))
+    supported = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
+    return f"""#include <cstdint>
+#include <cuda_runtime.h>
+#define KB25_FUSED_CIN {FUSED_IN_CHANNELS}
+#define KB25_FUSED_COUT {FUSED_OUT_CHANNELS}
+#define KB25_FUSED_KSIZE {FUSED_KERNEL_SIZE}
+#define KB25_OP_NAMESPACE {OP_NAMESPACE}
+#define KB25_OP_NAME "{OP_NAME}"
+#define KB25_SUPPORTED_DTYPES "{supported}"
+namespace kb25 {{
+{backends}
+inline constexpr int kBackendCount = {len(OP_BACKENDS)};
+inline constexpr const char* kBackendNames[] = {{{names}}};
+{elems}
+}}  // namespace kb25
+extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
+                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
+                                                     cudaStream_t stream);
+extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
+                                             int64_t inner, int num_sms, cudaStream_t stream);
+"""
+
 
 # ------------------------------------------------------------------------------------------------ CUDA source
 CUDA_SOURCE = r"""
-#include <cstdint>
-#include <cuda_runtime.h>
-
+// torch's extension build defines __CUDA_NO_HALF_CONVERSIONS__ and its kin for its own headers; this file includes
+// none of them and converts between element types with the ordinary constructors and conversion operators.
+#undef __CUDA_NO_HALF_OPERATORS__
+#undef __CUDA_NO_HALF_CONVERSIONS__
+#undef __CUDA_NO_HALF2_OPERATORS__
+#undef __CUDA_NO_BFLOAT16_CONVERSIONS__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+@SHARED_DECLARATIONS@
 namespace kb25 {
 
 // ================================================================ traits
@@ -544,42 +604,58 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 #endif
 }
 
-// ================================================================ card-path kernel: min over C, tanh, tanh
-// y: (N, C, HW) contiguous; out: (N, HW). Each thread reduces kVec adjacent pixels over all channels; a warp reads
-// 32*kVec consecutive floats of one channel plane per load, so every load is coalesced.
-template <int kVec>
-struct VecOf;
-template <>
-struct VecOf<1> {
-  using type = float;
+// ================================================================ epilogue after a library conv
+// What the reference does after its conv: torch.min over dim 1 (the channels of a batched conv output, the rows
+// of an unbatched one), tanh, tanh. y is viewed as [outer][reduce][inner] (contiguous), out as [outer][inner].
+// Each thread reduces kVec adjacent inner elements, one 16-byte load per reduce step where the rows are aligned;
+// a warp reads consecutive vectors of one row per load, so every load is coalesced. The min is taken on values
+// widened to the math type (exact); each tanh result is rounded to the element type, as torch rounds it.
+template <class Elem>
+struct MathOf {
+  using type = float;  // float, half and bfloat16: torch computes their tanh in float
 };
 template <>
-struct VecOf<4> {
-  using type = float4;
+struct MathOf<double> {
+  using type = double;
 };
 
-__device__ __forceinline__ float vmin(float a, float b) { return nan_min(a, b); }
-__device__ __forceinline__ float4 vmin(float4 a, float4 b) {
-  return make_float4(nan_min(a.x, b.x), nan_min(a.y, b.y), nan_min(a.z, b.z), nan_min(a.w, b.w));
-}
-__device__ __forceinline__ float vtanh2(float a) { return tanh2(a); }
-__device__ __forceinline__ float4 vtanh2(float4 a) { return make_float4(tanh2(a.x), tanh2(a.y), tanh2(a.z), tanh2(a.w)); }
+__device__ __forceinline__ double nan_min(double a, double b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ float tanh_of(float v) { return tanhf(v); }
+__device__ __forceinline__ double tanh_of(double v) { return tanh(v); }
 
-template <int kVec>
-__global__ void __launch_bounds__(256) min_tanh2_kernel(const float* __restrict__ y, float* __restrict__ out,
-                                                        int64_t N, int64_t C, int64_t HW) {
-  using V = typename VecOf<kVec>::type;
-  const int64_t groups = HW / kVec;
-  const int64_t total = N * groups;
+template <class Elem, int kVec>
+struct alignas(sizeof(Elem) * kVec) ElemVec {
+  Elem v[kVec];
+};
+
+template <class Elem, int kVec>
+__global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restrict__ y, Elem* __restrict__ out,
+                                                             int64_t outer, int64_t reduce, int64_t inner) {
+  using Math = typename MathOf<Elem>::type;
+  using V = ElemVec<Elem, kVec>;
+  const int64_t groups = inner / kVec;
+  const int64_t total = outer * groups;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t n = i / groups;
-    const int64_t p = (i - n * groups) * kVec;
-    const V* src = reinterpret_cast<const V*>(y + n * C * HW + p);
-    const int64_t stride = HW / kVec;
-    V m = __ldg(src);
-#pragma unroll 8
-    for (int64_t c = 1; c < C; ++c) m = vmin(m, __ldg(src + c * stride));
-    *reinterpret_cast<V*>(out + n * HW + p) = vtanh2(m);
+    const int64_t o = i / groups;
+    const int64_t p = (i - o * groups) * kVec;
+    const V* src = reinterpret_cast<const V*>(y + o * reduce * inner + p);
+    const V first = src[0];
+    Math m[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) m[e] = static_cast<Math>(first.v[e]);
+#pragma unroll 4
+    for (int64_t r = 1; r < reduce; ++r) {
+      const V u = src[r * groups];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m[e] = nan_min(m[e], static_cast<Math>(u.v[e]));
+    }
+    V res;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const Elem t1 = static_cast<Elem>(tanh_of(m[e]));
+      res.v[e] = static_cast<Elem>(tanh_of(static_cast<Math>(t1)));
+    }
+    *reinterpret_cast<V*>(out + o * inner + p) = res;
   }
 }
 
@@ -620,25 +696,44 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float
   return launch_persistent<Ms>(kb25::conv3x3_min_tanh2_mma_sync_kernel<Ms>, x, w, b, out, N, H, W, num_sms, stream);
 }
 
-extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
-                                        cudaStream_t stream) {
-  const bool vec4 = (HW % 4 == 0) && ((reinterpret_cast<uintptr_t>(y) & 15) == 0) &&
-                    ((reinterpret_cast<uintptr_t>(out) & 15) == 0);
-  const int64_t work = N * (vec4 ? HW / 4 : HW);
-  if (work <= 0) return cudaSuccess;
+template <class Elem>
+static cudaError_t launch_min_dim1_tanh2_typed(const void* y_, void* out_, int64_t outer, int64_t reduce,
+                                               int64_t inner, int num_sms, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(Elem);
+  const Elem* y = static_cast<const Elem*>(y_);
+  Elem* out = static_cast<Elem*>(out_);
+  const bool vec = (inner % kVec == 0) && ((reinterpret_cast<uintptr_t>(y) & 15) == 0) &&
+                   ((reinterpret_cast<uintptr_t>(out) & 15) == 0);
+  const int64_t work = outer * (vec ? inner / kVec : inner);
+  if (work <= 0 || reduce <= 0) return cudaSuccess;
   const int threads = 256;
   const int64_t wanted = (work + threads - 1) / threads;
   const int64_t cap = (int64_t)num_sms * 16;
   const int grid = (int)(wanted < cap ? wanted : cap);
-  if (vec4) {
-    kb25::min_tanh2_kernel<4><<<grid, threads, 0, stream>>>(y, out, N, C, HW);
+  if (vec) {
+    kb25::min_dim1_tanh2_kernel<Elem, kVec><<<grid, threads, 0, stream>>>(y, out, outer, reduce, inner);
   } else {
-    kb25::min_tanh2_kernel<1><<<grid, threads, 0, stream>>>(y, out, N, C, HW);
+    kb25::min_dim1_tanh2_kernel<Elem, 1><<<grid, threads, 0, stream>>>(y, out, outer, reduce, inner);
   }
   return cudaGetLastError();
 }
-"""
 
+extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
+                                             int64_t inner, int num_sms, cudaStream_t stream) {
+  switch (elem) {
+    case kb25::kElemFloat32:
+      return launch_min_dim1_tanh2_typed<float>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemFloat64:
+      return launch_min_dim1_tanh2_typed<double>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemFloat16:
+      return launch_min_dim1_tanh2_typed<__half>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemBfloat16:
+      return launch_min_dim1_tanh2_typed<__nv_bfloat16>(y, out, outer, reduce, inner, num_sms, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+"""
 
 def _wgmma_m64n256k8_source():
     """The m64n256k8 wrapper: 128 accumulator operands are written out here rather than by hand."""
@@ -654,101 +749,148 @@ __device__ __forceinline__ void wgmma_m64n256k8_tf32(float (&d)[32][4], const ui
 #endif
 }}"""
 
-# ------------------------------------------------------------------------------------------------ C++ wrappers
+
+# ------------------------------------------------------------------------------------------------ C++ op
 CPP_SOURCE = r"""
 #include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+@SHARED_DECLARATIONS@
+namespace {
 
-extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
-                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
-                                                     cudaStream_t stream);
-extern "C" cudaError_t launch_min_tanh2(const float* y, float* out, int64_t N, int64_t C, int64_t HW, int num_sms,
-                                        cudaStream_t stream);
+std::string dtype_name(at::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
 
-static void check_cuda_float(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t.scalar_type());
+bool supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-static int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+int elem_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return kb25::kElemFloat32;
+    case at::kDouble: return kb25::kElemFloat64;
+    case at::kHalf: return kb25::kElemFloat16;
+    default: return kb25::kElemBfloat16;
+  }
+}
 
-// Whether this build holds the wgmma kernel (sm_90a) and the current device can run it.
-bool wgmma_available() {
+bool wgmma_available_on(int device) {
 #ifdef KB25_BUILT_FOR_SM90A
-  const auto* props = at::cuda::getCurrentDeviceProperties();
+  const auto* props = at::cuda::getDeviceProperties(device);
   return props->major == 9 && props->minor == 0;
 #else
   return false;
 #endif
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2): tanh(tanh(min_c(conv3x3(x, weight) + bias))), TF32 operands.
-// mma: "wgmma" (Hopper), "mma_sync" (any sm_80+), or "auto" (wgmma where available).
-at::Tensor conv3x3_min_tanh2_tf32(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                  const std::string& mma) {
-  const char* op = "conv3x3_min_tanh2_tf32";
-  check_cuda_float(x, op, "x");
-  check_cuda_float(weight, op, "weight");
-  check_cuda_float(bias, op, "bias");
-  TORCH_CHECK(x.dim() == 4 && x.size(1) == KB25_FUSED_CIN, op, ": x must be (N, ", KB25_FUSED_CIN,
-              ", H, W), got ", x.sizes());
-  TORCH_CHECK(weight.sizes() == at::IntArrayRef({KB25_FUSED_COUT, KB25_FUSED_CIN, 3, 3}), op,
-              ": weight must be (", KB25_FUSED_COUT, ", ", KB25_FUSED_CIN, ", 3, 3), got ", weight.sizes());
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == KB25_FUSED_COUT, op, ": bias must be (", KB25_FUSED_COUT,
-              "), got ", bias.sizes());
-  TORCH_CHECK(weight.device() == x.device() && bias.device() == x.device(), op,
-              ": x, weight and bias must be on one device, got ", x.device(), ", ", weight.device(), ", ",
-              bias.device());
-  TORCH_CHECK(x.size(2) >= 3 && x.size(3) >= 3, op, ": H and W must be at least 3, got ", x.sizes());
-  TORCH_CHECK(x.size(2) <= INT32_MAX && x.size(3) <= INT32_MAX, op, ": H and W must fit in int32");
-  TORCH_CHECK(mma == "auto" || mma == "wgmma" || mma == "mma_sync", op,
-              ": mma must be 'auto', 'wgmma' or 'mma_sync', got '", mma, "'");
-  const c10::cuda::CUDAGuard guard(x.device());
-  const bool use_wgmma = mma != "mma_sync" && wgmma_available();
-  TORCH_CHECK(use_wgmma || mma != "wgmma", op, ": wgmma needs an sm_90 GPU and a build for sm_90a");
+// The reference conv runs in TF32 exactly when cuDNN runs it (cuDNN enabled) and TF32 is allowed for cuDNN convs:
+// the test cuDNN's own conv applies.
+bool conv_runs_in_tf32() {
+  const auto& ctx = at::globalContext();
+  return ctx.userEnabledCuDNN() && ctx.allowTF32CuDNN(at::Float32Op::CONV);
+}
+
+bool fused_supports(const at::Tensor& x, const at::Tensor& weight) {
+  return x.dim() == 4 && x.scalar_type() == at::kFloat && weight.size(0) == KB25_FUSED_COUT &&
+         weight.size(1) == KB25_FUSED_CIN && weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
+}
+
+}  // namespace
+
+// The same checks, in the same order and words, as check_input() in model_new.py (the CPU and fake kernels); the
+// tests run one table of bad inputs through both.
+void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
+                    "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape ", x.sizes());
+  TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on ", weight.device(),
+                    " (the device of its weights), got ", x.device());
+  TORCH_CHECK_VALUE(x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type()),
+                    "ModelNew expects input of its weights' dtype ", dtype_name(weight.scalar_type()),
+                    " (supported: ", KB25_SUPPORTED_DTYPES, "), got ", dtype_name(x.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1), "ModelNew expects ", weight.size(1),
+                    " input channels, got ", x.size(-3));
+  TORCH_CHECK_VALUE(x.size(-2) >= weight.size(2) && x.size(-1) >= weight.size(3), "ModelNew expects H >= ",
+                    weight.size(2), " and W >= ", weight.size(3), " (the kernel size), got H=", x.size(-2),
+                    ", W=", x.size(-1));
+  TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.device() == weight.device() &&
+                        bias.scalar_type() == weight.scalar_type(),
+                    "ModelNew expects a bias of shape [", weight.size(0), "] like its weights, got ", bias.sizes(),
+                    " ", dtype_name(bias.scalar_type()), " on ", bias.device());
+}
+
+bool wgmma_available() { return wgmma_available_on(c10::cuda::current_device()); }
+
+// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here.
+int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
+  TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount, "ModelNew backend code must be 0..",
+                    kb25::kBackendCount - 1, ", got ", requested);
+  if (requested == kb25::kBackendAuto) {
+    return fused_supports(x, weight) && conv_runs_in_tf32() ? kb25::kBackendFused : kb25::kBackendCudnnEpilogue;
+  }
+  if (requested == kb25::kBackendFused || requested == kb25::kBackendFusedMmaSync) {
+    TORCH_CHECK_VALUE(fused_supports(x, weight), "ModelNew backend '", kb25::kBackendNames[requested],
+                      "' needs a 4-D float32 input and a ", KB25_FUSED_CIN, "->", KB25_FUSED_COUT, " ",
+                      KB25_FUSED_KSIZE, "x", KB25_FUSED_KSIZE, " conv, got a ", x.dim(), "-D ",
+                      dtype_name(x.scalar_type()), " input and weight ", weight.sizes());
+  }
+  return requested;
+}
+
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, TF32 operands rounded to nearest.
+at::Tensor fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                   bool use_wgmma) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
-  at::Tensor out = at::empty({N, 1, H - 2, W - 2}, xc.options());
-  const cudaError_t err = launch_conv3x3_min_tanh2_tf32(xc.data_ptr<float>(), wc.data_ptr<float>(),
-                                                        bc.data_ptr<float>(), out.data_ptr<float>(), N, (int)H,
-                                                        (int)W, use_wgmma, sm_count(),
-                                                        at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got ", xc.sizes());
+  at::Tensor out = at::empty({N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)}, xc.options());
+  const cudaError_t err = launch_conv3x3_min_tanh2_tf32(
+      xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(), N, (int)H, (int)W,
+      use_wgmma, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: ", cudaGetErrorString(err));
   return out;
 }
 
-// (N, C, H, W) -> (N, 1, H, W): tanh(tanh(min over C)), NaN-propagating like torch.min.
-at::Tensor min_tanh2(const at::Tensor& y) {
-  const char* op = "min_tanh2";
-  check_cuda_float(y, op, "y");
-  TORCH_CHECK(y.dim() == 4 && y.size(1) >= 1, op, ": y must be (N, C >= 1, H, W), got ", y.sizes());
-  const c10::cuda::CUDAGuard guard(y.device());
-  const at::Tensor yc = y.contiguous();
-  const int64_t N = yc.size(0), C = yc.size(1), H = yc.size(2), W = yc.size(3);
-  at::Tensor out = at::empty({N, 1, H, W}, yc.options());
-  const cudaError_t err = launch_min_tanh2(yc.data_ptr<float>(), out.data_ptr<float>(), N, C, H * W, sm_count(),
-                                           at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
+// cuDNN's conv through ATen (every torch.backends.cudnn setting applies), then one kernel: min over dim 1 (channels
+// of a batched output, rows of an unbatched one, as torch.min(dim=1) in the reference), tanh, tanh.
+at::Tensor cudnn_conv_then_epilogue(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const at::Tensor y = at::conv2d(x.contiguous(), weight, bias).contiguous();
+  std::vector<int64_t> out_sizes = y.sizes().vec();
+  out_sizes[1] = 1;
+  at::Tensor out = at::empty(out_sizes, y.options());
+  const int64_t outer = y.size(0), reduce = y.size(1);
+  const int64_t inner = outer * reduce == 0 ? 0 : y.numel() / (outer * reduce);
+  const cudaError_t err = launch_min_dim1_tanh2(elem_code(y.scalar_type()), y.data_ptr(), out.data_ptr(), outer,
+                                                reduce, inner, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
+                                                at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: ", cudaGetErrorString(err));
   return out;
 }
+
+// The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
+at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t backend) {
+  check_input(x, weight, bias);
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got ", x.device());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t chosen = resolve_backend(x, weight, backend);
+  if (chosen == kb25::kBackendCudnnEpilogue) return cudnn_conv_then_epilogue(x, weight, bias);
+  return fused_conv3x3_min_tanh2(x, weight, bias, chosen == kb25::kBackendFused && wgmma_available_on(x.get_device()));
+}
+
+TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) { m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2)); }
 """
 
-EXTENSION_FUNCTIONS = ["conv3x3_min_tanh2_tf32", "min_tanh2", "wgmma_available"]
-
-
-def _config_defines():
-    """The fused kernel's channel counts, named once here and handed to both sources."""
-    return f"#define KB25_FUSED_CIN {FUSED_IN_CHANNELS}\n#define KB25_FUSED_COUT {FUSED_OUT_CHANNELS}\n"
+EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "wgmma_available"]
 
 
 def cuda_source():
     """The complete CUDA translation unit (no torch headers: plain nvcc compiles it)."""
-    return _config_defines() + CUDA_SOURCE.replace("@WGMMA_M64N256K8@", _wgmma_m64n256k8_source())
+    src = CUDA_SOURCE.replace("@SHARED_DECLARATIONS@", _shared_declarations())
+    return src.replace("@WGMMA_M64N256K8@", _wgmma_m64n256k8_source())
 
 
 def cpp_source():
-    return _config_defines() + CPP_SOURCE
+    return CPP_SOURCE.replace("@SHARED_DECLARATIONS@", _shared_declarations())
 
 
 # ------------------------------------------------------------------------------------------------ build at import
@@ -767,100 +909,132 @@ def _arch_flags():
 
 
 def _build_extension():
-    """Compile once per source version (torch caches the build); None and the reason where it cannot."""
+    """Compile once per source version (torch caches the build). Only where CUDA is available: a failed build
+    raises here, at import, with the compiler's message."""
     if not torch.cuda.is_available():
-        return None, "CUDA is not available"
-    try:
-        from torch.utils.cpp_extension import load_inline
+        return None
+    from torch.utils.cpp_extension import load_inline
 
-        extra = {}
-        if "no_implicit_headers" in inspect.signature(load_inline).parameters:
-            extra["no_implicit_headers"] = True  # the sources include what they use; skips torch in the .cu
-        arch_flags, cpp_defines = _arch_flags()
-        ext = load_inline(
-            name=EXTENSION_NAME,
-            cpp_sources=[cpp_source()],
-            cuda_sources=[cuda_source()],
-            functions=EXTENSION_FUNCTIONS,
-            extra_cflags=["-O3", *cpp_defines],
-            extra_cuda_cflags=["-O3", "-std=c++17", *arch_flags],
-            verbose=False,
-            **extra,
-        )
-        return ext, None
-    except Exception as exc:  # import must never fail; CUDA forward reports this instead
-        warnings.warn(f"model_new: building the CUDA extension failed: {exc}")
-        return None, f"{type(exc).__name__}: {exc}"
+    extra = {}
+    if "no_implicit_headers" in inspect.signature(load_inline).parameters:
+        extra["no_implicit_headers"] = True  # the sources include what they use; keeps torch out of the .cu
+    arch_flags, cpp_defines = _arch_flags()
+    return load_inline(
+        name=EXTENSION_NAME,
+        cpp_sources=[cpp_source()],
+        cuda_sources=[cuda_source()],
+        functions=EXTENSION_FUNCTIONS,
+        extra_cflags=["-O3", *cpp_defines],
+        extra_cuda_cflags=["-O3", "-std=c++17", *arch_flags],
+        verbose=False,
+        **extra,
+    )
 
 
-_ext, _ext_error = _build_extension()
+_ext = _build_extension()
 
 
 def extension_available():
     return _ext is not None
 
 
-# ------------------------------------------------------------------------------------------------ math
-def torch_forward(x, weight, bias):
-    """The reference math in torch ops: conv, min over channels, tanh, tanh."""
-    y = F.conv2d(x, weight, bias)
+# ------------------------------------------------------------------------------------------------ the op
+def check_input(x, weight, bias):
+    """The input checks of the CPU and fake kernels: the same order and words as check_input() in the C++ op."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in (3, 4):
+        raise ValueError(f"ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape {list(x.shape)}")
+    if x.device != weight.device:
+        raise ValueError(f"ModelNew expects input on {weight.device} (the device of its weights), got {x.device}")
+    if x.dtype != weight.dtype or x.dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
+        raise ValueError(f"ModelNew expects input of its weights' dtype {_dtype_name(weight.dtype)} "
+                         f"(supported: {supported}), got {_dtype_name(x.dtype)}")
+    if weight.dim() != 4 or x.shape[-3] != weight.shape[1]:
+        raise ValueError(f"ModelNew expects {weight.shape[1]} input channels, got {x.shape[-3]}")
+    kh, kw = weight.shape[2], weight.shape[3]
+    if x.shape[-2] < kh or x.shape[-1] < kw:
+        raise ValueError(f"ModelNew expects H >= {kh} and W >= {kw} (the kernel size), "
+                         f"got H={x.shape[-2]}, W={x.shape[-1]}")
+    if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or bias.device != weight.device or bias.dtype != weight.dtype:
+        raise ValueError(f"ModelNew expects a bias of shape [{weight.shape[0]}] like its weights, got "
+                         f"{list(bias.shape)} {_dtype_name(bias.dtype)} on {bias.device}")
+
+
+def reference_math(x, weight, bias):
+    """The reference's forward in torch ops: conv (valid, stride 1), min over dim 1 (keepdim), tanh, tanh."""
+    y = torch.conv2d(x, weight, bias)
     return torch.tanh(torch.tanh(torch.min(y, dim=1, keepdim=True)[0]))
 
 
-def conv_uses_tf32():
-    """Whether a float32 CUDA conv in the reference runs in TF32 under the current torch settings."""
-    cudnn = torch.backends.cudnn
-    if not cudnn.enabled:
-        return False  # the native conv runs in plain fp32
-    for owner in (getattr(cudnn, "conv", None), cudnn, torch.backends):
-        precision = getattr(owner, "fp32_precision", None)
-        if precision == "tf32":
-            return True
-        if precision == "ieee":
-            return False
-    return bool(cudnn.allow_tf32)
+def output_shape(x, weight):
+    """(N, 1, H-k+1, W-k+1) for a batched input; (C_out, 1, W-k+1) for an unbatched one, whose dim 1 is the rows."""
+    oh, ow = x.shape[-2] - weight.shape[2] + 1, x.shape[-1] - weight.shape[3] + 1
+    return (x.shape[0], 1, oh, ow) if x.dim() == 4 else (weight.shape[0], 1, ow)
 
 
-def _require_extension():
-    if _ext is None:
-        raise RuntimeError(f"ModelNew's CUDA backends are unavailable: {_ext_error}. Use backend='torch'.")
-    return _ext
+def reference_backward(grad_out, x, weight, bias, needs_grad):
+    """Gradients of reference_math by its own chain: recompute the conv, scatter through the argmin that torch.min
+    picks, tanh_backward twice, then the conv's backward. Nothing is kept from the forward but its inputs."""
+    batched = x.dim() == 4
+    x4 = x if batched else x.unsqueeze(0)
+    grad4 = grad_out if batched else grad_out.unsqueeze(0)
+    dim = 1 if batched else 2  # dim 1 of the unbatched output is the rows
+    y = torch.conv2d(x4, weight, bias)
+    m, argmin = torch.min(y, dim=dim, keepdim=True)
+    t1 = torch.tanh(m)
+    t2 = torch.tanh(t1)
+    grad_m = torch.ops.aten.tanh_backward(torch.ops.aten.tanh_backward(grad4, t2), t1)
+    grad_y = torch.zeros_like(y).scatter_(dim, argmin, grad_m)
+    grads = torch.ops.aten.convolution_backward(
+        grad_y, x4, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(needs_grad))
+    gx, gw, gb = (g if need else None for g, need in zip(grads, needs_grad))  # masked ones may come back as zeros
+    if gx is not None and not batched:
+        gx = gx.squeeze(0)
+    return gx, gw, gb
 
 
-def run_backend(backend, x, weight, bias):
-    """One forward pass on a resolved backend ('fused', 'card' or 'torch'); x already validated."""
-    if backend == "torch":
-        return torch_forward(x, weight, bias)
-    ext = _require_extension()
-    if backend == "fused":
-        return ext.conv3x3_min_tanh2_tf32(x, weight, bias, "auto")
-    if backend == "fused_mma_sync":
-        return ext.conv3x3_min_tanh2_tf32(x, weight, bias, "mma_sync")
-    return ext.min_tanh2(F.conv2d(x, weight, bias))
+def _conv_min_tanh2_cpu(x, weight, bias, backend):
+    check_input(x, weight, bias)
+    if OP_BACKENDS[backend] != "auto":
+        raise ValueError(f"ModelNew backend {OP_BACKENDS[backend]!r} needs CUDA input, got {x.device}")
+    return reference_math(x, weight, bias)
+
+
+def _conv_min_tanh2_fake(x, weight, bias, backend):
+    check_input(x, weight, bias)
+    return x.new_empty(output_shape(x, weight))
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    ctx.save_for_backward(x, weight, bias)
+
+
+def _backward(ctx, grad_out):
+    x, weight, bias = ctx.saved_tensors
+    return (*reference_backward(grad_out, x, weight, bias, ctx.needs_input_grad[:3]), None)
+
+
+def _define_op():
+    """Declare kb25::conv_min_tanh2 and its CPU, fake and autograd kernels (the CUDA kernel is the C++ function
+    conv_min_tanh2, registered by the extension). Once per process: the registrations live as long as the process,
+    so a second execution of this file (KernelBench executes its text once per evaluation) finds the op in place."""
+    op = torch.library.custom_op(f"{OP_NAMESPACE}::{OP_NAME}", _conv_min_tanh2_cpu, mutates_args=(),
+                                 device_types="cpu", schema=OP_SCHEMA)
+    op.register_fake(_conv_min_tanh2_fake)
+    op.register_autograd(_backward, setup_context=_setup_context)
+
+
+if not hasattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME):
+    _define_op()
+conv_min_tanh2 = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
 
 
 def fused_mma_kind():
     """Which tensor-core instruction the 'fused' backend uses on the current device."""
-    return "wgmma" if _require_extension().wgmma_available() else "mma_sync"
-
-
-class _FastForwardRecomputeBackward(torch.autograd.Function):
-    """Forward on a CUDA backend; backward recomputes the reference math, so no activation is kept."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, backend):
-        ctx.save_for_backward(x, weight, bias)
-        return run_backend(backend, x, weight, bias)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        needs = ctx.needs_input_grad[:3]
-        with torch.enable_grad():
-            leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, needs)]
-            out = torch_forward(*leaves)
-            grads = iter(torch.autograd.grad(out, [t for t, need in zip(leaves, needs) if need], grad_out))
-        return tuple(next(grads) if need else None for need in needs) + (None,)
+    return "wgmma" if _ext.wgmma_available() else "mma_sync"
 
 
 # ------------------------------------------------------------------------------------------------ module
@@ -869,6 +1043,7 @@ class ModelNew(nn.Module):
 
     def __init__(self, in_channels, out_channels, kernel_size, *, backend="auto"):
         super().__init__()
+        # Holds the parameters (same names, shapes and seeded init as the reference's); forward never calls it.
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)
         self.backend = backend
 
@@ -878,71 +1053,29 @@ class ModelNew(nn.Module):
 
     @backend.setter
     def backend(self, value):
-        if value not in BACKENDS:
-            raise ValueError(f"ModelNew backend must be one of {BACKENDS}, got {value!r}")
-        self._backend = value
-
-    def fused_supported(self):
-        conv = self.conv
-        return (
-            conv.in_channels == FUSED_IN_CHANNELS
-            and conv.out_channels == FUSED_OUT_CHANNELS
-            and conv.kernel_size == (FUSED_KERNEL_SIZE, FUSED_KERNEL_SIZE)
-            and conv.stride == (1, 1)
-            and conv.padding == (0, 0)
-            and conv.dilation == (1, 1)
-            and conv.groups == 1
-            and conv.bias is not None
-            and conv.weight.dtype == torch.float32
-        )
+        name = BACKEND_ALIASES.get(value, value)
+        if name not in BACKENDS:
+            raise ValueError(f"ModelNew backend must be one of {BACKENDS} (or an alias in {tuple(BACKEND_ALIASES)}), "
+                             f"got {value!r}")
+        self._backend = name
+        self._op_backend = OP_BACKENDS.index(name) if name in OP_BACKENDS else None
 
     def resolve_backend(self, x):
-        """The decision table: which backend runs for this input."""
-        if self.backend != "auto":
-            return self.backend
-        if x.device.type != "cuda":
-            return "torch"
-        if conv_uses_tf32() and self.fused_supported():
-            return "fused"
-        return "card"
-
-    def _check_input(self, x):
-        weight = self.conv.weight
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"ModelNew expects a 4-D input (N, C, H, W), got shape {tuple(x.shape)}")
-        if x.device != weight.device:
-            raise ValueError(
-                f"ModelNew expects input on {weight.device} (the device of its weights), got {x.device}"
-            )
-        supported = (torch.float32,) if x.device.type == "cuda" else (torch.float32, torch.float64)
-        if x.dtype != weight.dtype or x.dtype not in supported:
-            names = ", ".join(str(d) for d in supported)
-            raise ValueError(
-                f"ModelNew expects {weight.dtype} input matching its weights (supported on {x.device.type}: "
-                f"{names}), got {x.dtype}"
-            )
-        if x.shape[1] != self.conv.in_channels:
-            raise ValueError(f"ModelNew expects {self.conv.in_channels} input channels, got {x.shape[1]}")
-        kh, kw = self.conv.kernel_size
-        if x.shape[2] < kh or x.shape[3] < kw:
-            raise ValueError(
-                f"ModelNew expects H >= {kh} and W >= {kw} (the kernel size), got H={x.shape[2]}, W={x.shape[3]}"
-            )
+        """Which backend runs for this input (auto resolved by the C++ decision table on CUDA)."""
+        if self._op_backend is None or x.device.type != "cuda":
+            return self._backend if self._op_backend is None else "torch"
+        return OP_BACKENDS[_ext.resolve_backend(x, self.conv.weight, self._op_backend)]
 
     def forward(self, x):
-        self._check_input(x)
-        backend = self.resolve_backend(x)
-        weight, bias = self.conv.weight, self.conv.bias
-        if backend == "torch":
-            return torch_forward(x, weight, bias)
-        if backend in FUSED_BACKENDS and not self.fused_supported():
-            raise ValueError(f"ModelNew backend {backend!r} needs a float32 16->64 3x3 conv with bias")
-        if x.device.type != "cuda":
-            raise ValueError(f"ModelNew backend {backend!r} needs CUDA input, got {x.device}")
-        x = x.contiguous()
-        params_need_grad = weight.requires_grad or (bias is not None and bias.requires_grad)
-        if torch.is_grad_enabled() and (x.requires_grad or params_need_grad):
-            return _FastForwardRecomputeBackward.apply(x, weight, bias, backend)
-        return run_backend(backend, x, weight, bias)
+        conv = self.conv
+        weight, bias = conv.weight, conv.bias
+        backend = self._op_backend
+        if backend is None:
+            check_input(x, weight, bias)
+            return reference_math(x, weight, bias)
+        if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad))):
+            return _ext.conv_min_tanh2(x, weight, bias, backend)  # the op's CUDA kernel, called directly
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
+        return conv_min_tanh2(x, weight, bias, backend)

@@ -1,8 +1,9 @@
 """ModelNew against reference.Model. CPU tests run everywhere; GPU tests need CUDA and skip with a reason."""
+import os
 import re
 import shutil
 import subprocess
-import types
+import sys
 
 import pytest
 import torch
@@ -14,9 +15,13 @@ from harness import compare, make_input, make_models
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-CUDA_BACKENDS = ["fused", "fused_mma_sync", "card"]
+CUDA_BACKENDS = ["fused", "fused_mma_sync", "cudnn_epilogue"]
 TF32_EMULATION_TOL = 5e-5  # fused output vs the float64 TF32 round-to-nearest emulation: fp32 accumulation only
+LOW_PRECISION_TOL = 1e-2  # KernelBench's tolerance for bf16 and fp16
+LOW_PRECISION = [torch.bfloat16, torch.float16]
 FULL_SHAPE = (reference.batch_size, reference.in_channels, reference.height, reference.width)
+OP = model_new.conv_min_tanh2
+AUTO = model_new.OP_BACKENDS.index("auto")
 
 
 @pytest.fixture
@@ -26,6 +31,11 @@ def tf32_default():
     torch.backends.cudnn.allow_tf32 = True
     yield
     torch.backends.cudnn.allow_tf32 = saved
+
+
+def _run(model, x):
+    with torch.no_grad():
+        return model(x)
 
 
 # ================================================================================================ CPU tests
@@ -51,62 +61,93 @@ def test_state_dict_round_trip():
     assert torch.equal(ref2.conv.weight, new.conv.weight) and torch.equal(ref2.conv.bias, new.conv.bias)
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 12, 12), (1, 16, 3, 3), (3, 16, 9, 21), (2, 16, 33, 5)])
+@pytest.mark.parametrize("shape", [(2, 16, 12, 12), (1, 16, 3, 3), (3, 16, 9, 21), (2, 16, 33, 5), (16, 12, 10)])
 def test_cpu_matches_reference(shape):
     ref, new = make_models(11)
     for seed in range(3):
         x = make_input(shape, seed=100 + seed)
-        with torch.no_grad():
-            ok, err = compare(new(x), ref(x))
+        got, want = _run(new, x), _run(ref, x)
+        assert got.shape == want.shape
+        ok, err = compare(got, want)
         assert ok, f"max abs diff {err}"
+
+
+def test_unbatched_input_takes_the_min_over_rows_like_the_reference():
+    """A 3-D input is one unbatched image: the conv gives (64, OH, OW) and the reference's min over dim 1 runs over
+    the rows, giving (64, 1, OW). A drop-in must do the same, not treat the input as a batch of one."""
+    ref, new = make_models(12)
+    x = make_input((16, 12, 10), seed=3)
+    got, want = _run(new, x), _run(ref, x)
+    assert want.shape == (64, 1, 8) and got.shape == want.shape
+    assert torch.equal(got, want)
+    batch_of_one = _run(ref, x.unsqueeze(0))
+    assert batch_of_one.shape == (1, 1, 10, 8)  # what the other reading would give: a different answer
 
 
 def test_cpu_other_channel_counts_and_float64():
     ref, new = make_models(2, init_inputs=[3, 5, 3])
     x = make_input((2, 3, 10, 11), seed=1)
-    with torch.no_grad():
-        assert compare(new(x), ref(x))[0]
+    assert compare(_run(new, x), _run(ref, x))[0]
     ref, new = ref.double(), new.double()
     x = x.double()
-    with torch.no_grad():
-        assert compare(new(x), ref(x), atol=1e-12, rtol=1e-12)[0]
+    assert compare(_run(new, x), _run(ref, x), atol=1e-12, rtol=1e-12)[0]
 
 
-def test_cpu_autograd_matches_reference():
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_cpu_low_precision_models(dtype):
+    """A model converted with .to(dtype) takes and returns that dtype; on the CPU it runs the reference's ops."""
+    ref, new = make_models(13)
+    ref, new = ref.to(dtype), new.to(dtype)
+    x = make_input((2, 16, 14, 15), seed=4).to(dtype)
+    got, want = _run(new, x), _run(ref, x)
+    assert got.dtype == dtype
+    assert compare(got, want, atol=LOW_PRECISION_TOL, rtol=LOW_PRECISION_TOL)[0]
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 9, 9), (16, 9, 7)])
+def test_cpu_autograd_matches_reference(shape):
     ref, new = make_models(5)
-    x = make_input((2, 16, 9, 9), seed=3).requires_grad_(True)
+    x = make_input(shape, seed=3).requires_grad_(True)
     x2 = x.detach().clone().requires_grad_(True)
-    ref(x).sum().backward()
-    new(x2).sum().backward()
-    assert torch.allclose(x.grad, x2.grad) and torch.allclose(ref.conv.weight.grad, new.conv.weight.grad)
-    assert torch.allclose(ref.conv.bias.grad, new.conv.bias.grad)
+    grad_out = torch.randn_like(ref(x))
+    ref(x).backward(grad_out)
+    new(x2).backward(grad_out)
+    assert torch.allclose(x.grad, x2.grad, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(ref.conv.weight.grad, new.conv.weight.grad, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(ref.conv.bias.grad, new.conv.bias.grad, atol=1e-6, rtol=1e-5)
 
 
-def test_recompute_backward_matches_autograd():
-    """The backward that CUDA backends use (recompute the reference math) gives the reference gradients."""
+def test_backward_formula_matches_autograd():
+    """The op's backward (recompute the conv, scatter through the argmin, two tanh_backward, the conv's backward)
+    gives autograd's gradients of the reference math, each input alone and all together."""
     ref, _ = make_models(6)
-    w = ref.conv.weight.detach().clone().requires_grad_(True)
-    b = ref.conv.bias.detach().clone().requires_grad_(True)
-    x = make_input((2, 16, 8, 10), seed=4).requires_grad_(True)
-    out = model_new._FastForwardRecomputeBackward.apply(x, w, b, "torch")
-    grad_out = torch.randn_like(out)
-    got = torch.autograd.grad(out, [x, w, b], grad_out)
-    want = torch.autograd.grad(ref(x), [x, ref.conv.weight, ref.conv.bias], grad_out)
-    for g, e in zip(got, want):
-        assert torch.allclose(g, e, atol=1e-6, rtol=1e-5)
+    w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
+    x = make_input((2, 16, 8, 10), seed=4)
+    grad_out = torch.randn(2, 1, 6, 8, generator=torch.Generator().manual_seed(1))
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    want = torch.autograd.grad(model_new.reference_math(*leaves), leaves, grad_out)
+    for needs in ([True, True, True], [True, False, False], [False, True, False], [False, False, True]):
+        got = model_new.reference_backward(grad_out, x, w, b, needs)
+        for g, e, need in zip(got, want, needs):
+            assert (g is None) == (not need)
+            if need:
+                assert torch.allclose(g, e, atol=1e-6, rtol=1e-5)
 
 
 BAD_INPUTS = [
-    ("not a tensor", lambda: [[1.0]], TypeError, r"expects a torch\.Tensor, got list"),
-    ("3-D", lambda: torch.rand(16, 8, 8), ValueError, r"4-D input .* got shape \(16, 8, 8\)"),
-    ("5-D", lambda: torch.rand(1, 1, 16, 8, 8), ValueError, r"4-D input"),
-    ("float16", lambda: torch.rand(1, 16, 8, 8).half(), ValueError, r"torch\.float32 input .* got torch\.float16"),
-    ("int", lambda: torch.ones(1, 16, 8, 8, dtype=torch.int32), ValueError, r"got torch\.int32"),
-    ("float64 vs float32 weights", lambda: torch.rand(1, 16, 8, 8).double(), ValueError, r"got torch\.float64"),
-    ("channels", lambda: torch.rand(1, 8, 8, 8), ValueError, r"expects 16 input channels, got 8"),
-    ("small H", lambda: torch.rand(1, 16, 2, 8), ValueError, r"H >= 3 and W >= 3 .* got H=2, W=8"),
-    ("small W", lambda: torch.rand(1, 16, 8, 1), ValueError, r"got H=8, W=1"),
-    ("device", lambda: torch.rand(1, 16, 8, 8, device="meta"), ValueError, r"expects input on cpu .* got meta"),
+    ("not a tensor", lambda d: [[1.0]], TypeError, r"expects a torch\.Tensor, got list"),
+    ("2-D", lambda d: torch.rand(16, 8, device=d), ValueError, r"3-D \(C, H, W\) or 4-D .* got shape \[16, 8\]"),
+    ("5-D", lambda d: torch.rand(1, 1, 16, 8, 8, device=d), ValueError, r"got shape \[1, 1, 16, 8, 8\]"),
+    ("float16 vs float32 weights", lambda d: torch.rand(1, 16, 8, 8, device=d).to(torch.float16), ValueError,
+     r"weights' dtype torch\.float32 \(supported: torch\.float32, torch\.float64, torch\.float16, "
+     r"torch\.bfloat16\), got torch\.float16"),
+    ("int", lambda d: torch.ones(1, 16, 8, 8, dtype=torch.int32, device=d), ValueError, r"got torch\.int32"),
+    ("float64 vs float32 weights", lambda d: torch.rand(1, 16, 8, 8, device=d).double(), ValueError,
+     r"got torch\.float64"),
+    ("channels", lambda d: torch.rand(1, 8, 8, 8, device=d), ValueError, r"expects 16 input channels, got 8"),
+    ("unbatched channels", lambda d: torch.rand(8, 8, 8, device=d), ValueError, r"expects 16 input channels, got 8"),
+    ("small H", lambda d: torch.rand(1, 16, 2, 8, device=d), ValueError, r"H >= 3 and W >= 3 .* got H=2, W=8"),
+    ("small W", lambda d: torch.rand(1, 16, 8, 1, device=d), ValueError, r"got H=8, W=1"),
 ]
 
 
@@ -114,7 +155,13 @@ BAD_INPUTS = [
 def test_bad_input_is_refused_with_a_clear_message(name, make, exc, pattern):
     _, new = make_models(0)
     with pytest.raises(exc, match=pattern):
-        new(make())
+        new(make("cpu"))
+
+
+def test_input_on_another_device_is_refused():
+    _, new = make_models(0)
+    with pytest.raises(ValueError, match=r"expects input on cpu \(the device of its weights\), got meta"):
+        new(torch.rand(1, 16, 8, 8, device="meta"))
 
 
 def test_backend_setting_is_validated():
@@ -123,26 +170,58 @@ def test_backend_setting_is_validated():
         new.backend = "fast"
     with pytest.raises(ValueError, match="backend must be one of"):
         make_models(0, backend="cuda")
-    new.backend = "card"
-    with pytest.raises(ValueError, match="needs CUDA input"):
-        new(torch.rand(1, 16, 4, 4))
+    new.backend = "card"  # the former name of cudnn_epilogue
+    assert new.backend == "cudnn_epilogue"
+    for backend in ("fused", "fused_mma_sync", "cudnn_epilogue"):
+        new.backend = backend
+        with pytest.raises(ValueError, match=f"backend '{backend}' needs CUDA input, got cpu"):
+            new(torch.rand(1, 16, 4, 4))
 
 
-def test_backend_decision_table(tf32_default):
-    """auto: CPU -> torch; CUDA + TF32 conv + 16->64 3x3 -> fused; CUDA otherwise -> card."""
+def test_backend_on_cpu_is_the_reference_math():
     _, new = make_models(0)
-    cpu = torch.rand(1, 16, 4, 4)
-    cuda = types.SimpleNamespace(device=torch.device("cuda"))  # decision only: no CUDA needed
-    assert new.resolve_backend(cpu) == "torch"
-    assert new.resolve_backend(cuda) == "fused"
-    torch.backends.cudnn.allow_tf32 = False
-    assert not model_new.conv_uses_tf32()
-    assert new.resolve_backend(cuda) == "card"
-    torch.backends.cudnn.allow_tf32 = True
-    _, other = make_models(0, init_inputs=[16, 32, 3])
-    assert not other.fused_supported() and other.resolve_backend(cuda) == "card"
-    new.backend = "card"
-    assert new.resolve_backend(cuda) == "card"
+    x = torch.rand(1, 16, 4, 4)
+    assert new.resolve_backend(x) == "torch"
+    new.backend = "torch"
+    assert new.resolve_backend(x) == "torch"
+
+
+OPCHECK_CASES = [
+    ("fp32", (2, 16, 7, 9), torch.float32, False),
+    ("fp32 grad", (2, 16, 7, 9), torch.float32, True),
+    ("unbatched grad", (16, 6, 5), torch.float32, True),
+    ("bf16", (2, 16, 6, 6), torch.bfloat16, False),
+]
+
+
+def _opcheck(device, shape, dtype, grad):
+    ref, _ = make_models(17)
+    w = ref.conv.weight.detach().to(device=device, dtype=dtype)
+    b = ref.conv.bias.detach().to(device=device, dtype=dtype)
+    x = make_input(shape, seed=2).to(device=device, dtype=dtype)
+    if grad:
+        x, w, b = (t.clone().requires_grad_(True) for t in (x, w, b))
+    results = torch.library.opcheck(OP, (x, w, b, AUTO))
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@pytest.mark.parametrize("name,shape,dtype,grad", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
+def test_opcheck_cpu(name, shape, dtype, grad):
+    """torch.library.opcheck: schema, autograd registration, fake kernel against the real one, AOT dispatch."""
+    _opcheck("cpu", shape, dtype, grad)
+
+
+def test_compile_fullgraph_cpu():
+    """Dynamo traces ModelNew.forward to the op in one graph (fullgraph raises on any break), forward and backward."""
+    torch._dynamo.reset()
+    ref, new = make_models(18)
+    compiled = torch.compile(new, fullgraph=True, backend="aot_eager")
+    x = make_input((2, 16, 10, 12), seed=5)
+    assert compare(_run(compiled, x), _run(ref, x))[0]
+    x1, x2 = (x.clone().requires_grad_(True) for _ in range(2))
+    compiled(x1).sum().backward()
+    ref(x2).sum().backward()
+    assert torch.allclose(x1.grad, x2.grad, atol=1e-6, rtol=1e-5)
 
 
 def test_round_tf32_is_round_to_nearest_ties_away():
@@ -156,6 +235,16 @@ def test_round_tf32_is_round_to_nearest_ties_away():
     assert got[0] == float("inf") and got[1] == -float("inf") and torch.isnan(got[2])
 
 
+def test_float64_truth_is_the_reference_module():
+    """The truth the GPU tests use is reference.Model run in float64, not code from model_new."""
+    ref, _ = make_models(19)
+    x = make_input((2, 16, 9, 9), seed=6)
+    w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
+    truth = harness.float64_forward(x, w, b)
+    assert truth.dtype == torch.float64
+    assert torch.allclose(truth, ref.double()(x.double()), atol=0, rtol=0)
+
+
 def _tf32_setup(seed, shape):
     ref, _ = make_models(seed)
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
@@ -164,10 +253,13 @@ def _tf32_setup(seed, shape):
 
 
 def test_checker_rejects_known_wrong_variants():
-    """The comparison used everywhere must fail each known-wrong implementation, and pass the right one.
-    Reference here: the TF32 (round-to-nearest) emulation, i.e. what cuDNN computes on the GPU by default."""
+    """The comparison used everywhere must pass an independent right answer and fail each known-wrong variant.
+    Reference: the float64 TF32 (round-to-nearest) emulation, i.e. what cuDNN computes on the GPU by default.
+    The right answer: torch's fp32 CPU conv on operands rounded to TF32 (another code path, fp32 accumulation)."""
     x, w, b, tf32_ref = _tf32_setup(21, (4, 16, 48, 48))
-    assert compare(harness.float64_forward(x, w, b, operands=harness.round_tf32).float(), tf32_ref)[0]
+    right = model_new.reference_math(harness.round_tf32(x), harness.round_tf32(w), b)
+    ok, err = compare(right, tf32_ref)
+    assert ok and err < 1e-5, f"the check rejected a right answer (max abs diff {err})"
     for name, variant in harness.wrong_variants().items():
         ok, err = compare(variant(x, w, b), tf32_ref)
         assert not ok, f"the check accepted the wrong variant {name} (max abs diff {err})"
@@ -177,20 +269,31 @@ def test_checker_rejects_known_wrong_variants():
     assert not compare(tf32_ref[:, :, :-1], tf32_ref)[0]
 
 
-def test_exact_fp32_misses_the_tf32_reference():
-    """Why the fused kernel must round its operands like cuDNN: exact fp32 is too far from the TF32 reference."""
-    x, w, b, tf32_ref = _tf32_setup(22, (4, 16, 48, 48))
-    assert not compare(harness.float64_forward(x, w, b).float(), tf32_ref)[0]
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_fp32_misses_the_tf32_reference(seed):
+    """Why the fused kernel must round its operands like cuDNN: an exact fp32 conv is too far from the TF32
+    reference. On random inputs the gap sits near the tolerance (max 2.5e-4 at the full problem); here the inputs
+    make the rounding errors add up, so it fails by a wide margin on every seed, as does truncation."""
+    x, w, b = harness.coherent_tf32_rounding_case(seed)
+    tf32_ref = harness.float64_forward(x, w, b, operands=harness.round_tf32).float()
+    exact = harness.float64_forward(x, w, b).float()
+    bound = harness.ATOL + harness.RTOL * tf32_ref.double().abs()
+    assert float(((exact.double() - tf32_ref.double()).abs() / bound).max()) > 3
+    assert not compare(exact, tf32_ref)[0]
+    assert not compare(harness.wrong_variants()["truncated_tf32"](x, w, b), tf32_ref)[0]
+    assert compare(model_new.reference_math(harness.round_tf32(x), harness.round_tf32(w), b), tf32_ref)[0]
 
 
 def _ptxas_report(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # the flags torch's extension build adds
+
     src = tmp_path / "kernels.cu"
     src.write_text(model_new.cuda_source())
-    cmd = [nvcc, "-c", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-           str(src), "-o", str(tmp_path / "kernels.o")]
+    cmd = [nvcc, "-c", "-std=c++17", "-O3", *COMMON_NVCC_FLAGS, "-gencode=arch=compute_90a,code=sm_90a",
+           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "kernels.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
@@ -198,15 +301,20 @@ def _ptxas_report(tmp_path):
 
 def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
     report = _ptxas_report(tmp_path)
-    kernels = re.findall(r"Compiling entry function '(\w+)'", report)
-    for name in ("conv3x3_min_tanh2_mma_sync_kernel", "conv3x3_min_tanh2_wgmma_kernel"):
-        assert any(name in k for k in kernels), f"{name} missing\n{report}"
-    assert sum("min_tanh2_kernel" in k and "conv3x3" not in k for k in kernels) == 2, report
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    assert len(frames) == len(kernels), report
-    assert all(f == ("0", "0", "0") for f in frames), report
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
-    assert regs and max(regs) <= 255, report
+    assert "warning" not in report.lower(), report
+    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
+    kernels = {b.split("'")[1]: b for b in blocks}
+    fused = {kind: [b for k, b in kernels.items() if f"conv3x3_min_tanh2_{kind}_kernel" in k]
+             for kind in ("mma_sync", "wgmma")}
+    assert all(len(v) == 1 for v in fused.values()), list(kernels)
+    epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
+    assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
+    for name, block in kernels.items():
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
+    # The wgmma kernel's design: its 64x256 fp32 accumulator (128 per thread) and its weight fragments (18 k-steps
+    # x 4) stay in registers for the whole kernel.
+    wgmma_regs = int(re.search(r"Used (\d+) registers", fused["wgmma"][0]).group(1))
+    assert wgmma_regs >= 64 * 256 // 128 + 18 * 4, fused["wgmma"][0]
 
 
 def test_cuda_source_has_no_torch_headers():
@@ -214,13 +322,57 @@ def test_cuda_source_has_no_torch_headers():
                    for inc in re.findall(r"#include\s*[<\"]([^>\"]+)", model_new.cuda_source()))
 
 
-def test_import_never_builds_without_cuda():
-    if HAS_CUDA:
-        pytest.skip("this machine has CUDA: the extension is expected to build here")
-    assert not model_new.extension_available()
-    _, new = make_models(0, backend="fused")
-    with pytest.raises(ValueError, match="needs CUDA input"):
-        new(torch.rand(1, 16, 4, 4))
+def test_import_without_cuda_builds_nothing_and_runs_on_the_cpu():
+    """In a process that sees no GPU, importing model_new compiles nothing and the CPU path still matches."""
+    code = ("import torch, model_new, harness; assert not torch.cuda.is_available(); "
+            "assert not model_new.extension_available(); ref, new = harness.make_models(0); "
+            "x = harness.make_input((2, 16, 7, 7)); "
+            "assert harness.compare(new(x), ref(x))[0]; print('ok')")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def _submission_code():
+    """model_new.py as KernelBench's static checker reads it: the text with # and // comments cut off each line."""
+    with open(model_new.__file__) as f:
+        text = f.read()
+    return "\n".join(re.split(r"#|//", line, maxsplit=1)[0] for line in text.split("\n"))
+
+
+def test_submission_has_no_fallback_constructs():
+    """KernelBench rejects a submission whose text has try/except or pass (a fallback could hide behind them),
+    threads, or tensor subclasses; it needs a __global__ kernel and load_inline. Checked here on every machine;
+    tools/kernelbench_eval.py runs KernelBench's own checker."""
+    code = _submission_code()
+    for pattern in (r"\btry\s*:", r"\bexcept\b", r"\bpass\b", r"\bthreading\b", r"multiprocessing",
+                    r"concurrent\.futures", r"_make_subclass", r"class\s+\w+.*\((torch\.)?Tensor\)"):
+        assert not re.search(pattern, code), f"model_new.py matches {pattern!r}"
+    assert "__global__" in code and "load_inline" in code
+
+
+@pytest.mark.skipif(not os.environ.get("KERNELBENCH_DIR"), reason="KERNELBENCH_DIR (a KernelBench checkout) not set")
+def test_kernelbench_static_checker_accepts_the_submission():
+    """KernelBench's own static checker: valid with no errors for fp32, bf16 and fp16, and each warning it gives
+    is listed, with its reason, in the README."""
+    import importlib.util
+
+    path = os.path.join(os.environ["KERNELBENCH_DIR"], "src", "kernelbench", "kernel_static_checker.py")
+    spec = importlib.util.spec_from_file_location("kernel_static_checker", path)  # the one file, not the package
+    checker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checker)
+    validate_kernel_static = checker.validate_kernel_static
+
+    with open(model_new.__file__) as f:
+        code = f.read()
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")) as f:
+        readme = f.read()
+    for precision in ("fp32", "bf16", "fp16"):
+        valid, errors, warnings = validate_kernel_static(code, backend="cuda", precision=precision)
+        assert valid and not errors, (precision, errors)
+        for warning in warnings:
+            assert warning in readme, f"{precision}: warning {warning!r} is not explained in README.md"
 
 
 # ================================================================================================ GPU tests
@@ -228,21 +380,16 @@ def _cuda_models(seed=0, **kw):
     return make_models(seed, device="cuda", **kw)
 
 
-def _run(model, x):
-    with torch.no_grad():
-        return model(x)
-
-
 def _check_output(got, want, x, ref, backend):
-    """The card backend runs the reference's own cuDNN conv, so it must match the reference at 1e-4 everywhere.
+    """cudnn_epilogue runs the reference's own cuDNN conv, so it must match the reference at 1e-4 everywhere.
     The fused kernels compute a TF32 conv with round-to-nearest operands. cuDNN runs the reference in TF32 at the
     problem size (test_full_size_matches_reference insists on it), but for some small shapes it picks a
     full-fp32 algorithm even with TF32 allowed; there the two differ by the TF32 rounding itself (~2e-4). So a
     fused output must match the TF32 emulation to 5e-5, and the reference at 1e-4 wherever the reference is TF32,
     else at the TF32-vs-fp32 distance (5e-4)."""
-    if backend == "card":
+    if backend == "cudnn_epilogue":
         ok, diff = compare(got, want)
-        assert ok, f"card: max abs diff {diff} vs the reference"
+        assert ok, f"cudnn_epilogue: max abs diff {diff} vs the reference"
         return
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
     emulated = harness.float64_forward(x, w, b, operands=harness.round_tf32).float()
@@ -256,23 +403,50 @@ def _check_output(got, want, x, ref, backend):
 
 @needs_cuda
 def test_extension_built():
-    assert model_new.extension_available(), model_new._ext_error
+    assert model_new.extension_available()
 
 
 @needs_cuda
-def test_auto_backend_on_gpu(tf32_default):
+def test_auto_backend_decision_table_on_gpu(tf32_default):
+    """The C++ table: fused for a batched float32 input of the 16->64 3x3 conv while the reference conv would run
+    in TF32; cudnn_epilogue for everything else; a forced fused backend refuses what it cannot run."""
     _, new = _cuda_models()
-    x = torch.empty(1, 16, 4, 4, device="cuda")
+    x = torch.rand(1, 16, 4, 4, device="cuda")
     assert new.resolve_backend(x) == "fused"
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert model_new.fused_mma_kind() == ("wgmma" if hopper else "mma_sync")
+    assert new.resolve_backend(x[0]) == "cudnn_epilogue"  # unbatched: the min runs over rows
     torch.backends.cudnn.allow_tf32 = False
-    assert new.resolve_backend(x) == "card"
+    assert new.resolve_backend(x) == "cudnn_epilogue"
+    torch.backends.cudnn.allow_tf32 = True
+    saved_enabled = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = False  # the native conv runs in plain fp32
+    assert new.resolve_backend(x) == "cudnn_epilogue"
+    torch.backends.cudnn.enabled = saved_enabled
+    conv_settings = getattr(torch.backends.cudnn, "conv", None)
+    if conv_settings is not None and hasattr(conv_settings, "fp32_precision"):
+        saved = conv_settings.fp32_precision
+        conv_settings.fp32_precision = "ieee"
+        assert new.resolve_backend(x) == "cudnn_epilogue"
+        conv_settings.fp32_precision = saved
+    assert new.resolve_backend(x) == "fused"
+    for dtype in (torch.float64, *LOW_PRECISION):
+        new.to(dtype)
+        assert new.resolve_backend(x.to(dtype)) == "cudnn_epilogue"
+        new.backend = "fused"
+        with pytest.raises(ValueError, match=r"backend 'fused' needs a 4-D float32 input"):
+            new(x.to(dtype))
+        new.backend = "auto"
+    _, other = _cuda_models(0, init_inputs=[16, 32, 3])
+    assert other.resolve_backend(x) == "cudnn_epilogue"
 
 
 @needs_cuda
 @pytest.mark.parametrize("seed", range(5))
 def test_full_size_matches_reference(seed, tf32_default):
+    """The full problem, fresh inputs per seed, against the reference, the float64 truth and the TF32 emulation.
+    This is the test that catches a fused kernel that stops rounding its operands (cvt.rna dropped, i.e. truncated
+    TF32): that output is about 8e-4 from the emulation here, 16x the 5e-5 allowed, and fails the 1e-4 check."""
     ref, new = _cuda_models(seed)
     x = make_input(FULL_SHAPE, seed=1000 + seed, device="cuda")
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
@@ -282,7 +456,7 @@ def test_full_size_matches_reference(seed, tf32_default):
     ref_err = harness.max_abs_error(want, truth)
     assert harness.max_abs_error(want, tf32_truth) <= TF32_EMULATION_TOL, "the reference is not TF32 here"
     outputs = {}
-    for backend, err_factor in (("fused", 1.5), ("fused_mma_sync", 1.5), ("card", 1.0)):
+    for backend, err_factor in (("fused", 1.5), ("fused_mma_sync", 1.5), ("cudnn_epilogue", 1.0)):
         new.backend = backend
         harness.poison_cuda_allocator(want.numel() * 4)
         got = outputs[backend] = _run(new, x)
@@ -297,12 +471,58 @@ def test_full_size_matches_reference(seed, tf32_default):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_low_precision_full_size(dtype):
+    """A model converted with .to(dtype) takes that dtype and returns it, within KernelBench's 1e-2 of the
+    reference in the same dtype, and no further from the float64 truth than the reference itself."""
+    ref, new = _cuda_models(30)
+    ref, new = ref.to(dtype), new.to(dtype)
+    assert new.resolve_backend(torch.empty(1, 16, 3, 3, device="cuda", dtype=dtype)) == "cudnn_epilogue"
+    for seed in range(2):
+        x = make_input(FULL_SHAPE, seed=2000 + seed, device="cuda").to(dtype)
+        want = _run(ref, x)
+        harness.poison_cuda_allocator(want.numel() * 2)
+        got = _run(new, x)
+        assert got.dtype == dtype and got.shape == want.shape
+        ok, diff = compare(got, want, atol=LOW_PRECISION_TOL, rtol=LOW_PRECISION_TOL)
+        assert ok, f"max abs diff {diff} vs the {dtype} reference"
+        truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
+        err, ref_err = harness.max_abs_error(got, truth), harness.max_abs_error(want, truth)
+        assert err <= ref_err, f"error vs float64 {err} > the reference's own {ref_err}"
+
+
+@needs_cuda
+def test_float64_on_cuda_matches_the_reference():
+    ref, new = _cuda_models(31)
+    ref, new = ref.double(), new.double()
+    x = make_input((3, 16, 40, 70), seed=3, device="cuda").double()
+    got, want = _run(new, x), _run(ref, x)
+    assert got.dtype == torch.float64
+    assert compare(got, want, atol=1e-12, rtol=1e-12)[0]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *LOW_PRECISION], ids=str)
+def test_unbatched_input_on_gpu(dtype, tf32_default):
+    """(C, H, W) in, (64, 1, W-2) out: the min over the conv output's rows, as the reference computes it."""
+    ref, new = _cuda_models(32)
+    ref, new = ref.to(dtype), new.to(dtype)
+    tol = LOW_PRECISION_TOL if dtype in LOW_PRECISION else harness.ATOL
+    for shape in ((16, 12, 10), (16, 256, 256), (16, 3, 300)):
+        x = make_input(shape, seed=4, device="cuda").to(dtype)
+        got, want = _run(new, x), _run(ref, x)
+        assert got.shape == want.shape == (64, 1, shape[2] - 2) and got.dtype == dtype
+        ok, diff = compare(got, want, atol=tol, rtol=tol)
+        assert ok, f"{shape}: max abs diff {diff}"
+
+
+@needs_cuda
 def test_strict_fp32_matches_strict_reference():
     saved = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
         ref, new = _cuda_models(3)
-        assert new.resolve_backend(torch.empty(1, device="cuda")) == "card"
+        assert new.resolve_backend(torch.empty(1, 16, 3, 3, device="cuda")) == "cudnn_epilogue"
         x = make_input(FULL_SHAPE, seed=77, device="cuda")
         ok, diff = compare(_run(new, x), _run(ref, x), atol=harness.STRICT_ATOL, rtol=harness.STRICT_RTOL)
         assert ok, f"max abs diff {diff}"
@@ -323,6 +543,7 @@ EDGE_SHAPES = [
     (2, 16, 301, 19),
     (1, 16, 3, 1000),  # one output row
     (5, 16, 4, 6),  # W % 4 != 0 and W % 4 == 0 mixed with tiny sizes
+    (0, 16, 8, 8),  # an empty batch
 ]
 
 
@@ -352,6 +573,24 @@ def test_nan_and_inf_inputs(backend, tf32_default):
     assert torch.isnan(want).any() and torch.isfinite(want).any()
     assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
     _check_output(got, want, x, ref, backend)
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_nan_wins_over_inf_channels_in_the_min(backend, tf32_default):
+    """One output pixel whose 64 channels mix NaN with +-inf: +inf on input channel 0 and -inf on channel 1 at one
+    position, so output channel o sees w[o,0]*inf - w[o,1]*inf: NaN where the two weights share a sign, +-inf
+    where they do not. torch.min gives NaN there; a min that drops NaN (fminf) would give tanh(tanh(-inf))."""
+    ref, new = _cuda_models(33, backend=backend)
+    x = make_input((1, 16, 8, 8), seed=6, device="cuda")
+    x[0, 0, 3, 3], x[0, 1, 3, 3] = float("inf"), -float("inf")
+    w, b = ref.conv.weight.detach().double().cpu(), ref.conv.bias.detach().double().cpu()
+    channels = torch.conv2d(x.double().cpu(), w, b)[0, :, 2, 2]  # output pixel (2, 2) sees (3, 3) through tap (1, 1)
+    assert torch.isnan(channels).any() and torch.isinf(channels).any(), "the pixel does not mix NaN and inf"
+    want, got = _run(ref, x), _run(new, x)
+    assert torch.isnan(want[0, 0, 2, 2]), "the reference does not propagate NaN here"
+    assert torch.isnan(got[0, 0, 2, 2]), f"{backend} dropped the NaN channel: got {float(got[0, 0, 2, 2])}"
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
 
 
 @needs_cuda
@@ -390,19 +629,22 @@ def test_input_unchanged_side_stream_graph_and_repeatable(backend, tf32_default)
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = _run(new, static_x)
+        static_out = _run(new, static_x)  # eager: the op's CUDA kernel called directly
+        static_op_out = OP(static_x, new.conv.weight.detach(), new.conv.bias.detach(), new._op_backend)  # dispatcher
     fresh = make_input(x.shape, seed=8, device="cuda")
     static_x.copy_(fresh)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, _run(new, fresh)), "graph replay differs from eager"
+    assert torch.equal(static_op_out, static_out)
     assert not torch.equal(static_out, first)
 
 
 @needs_cuda
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 def test_offsets_past_2_pow_31(backend, tf32_default):
-    """An input with more than 2^31 elements (and, for card, an intermediate too): the last images must be right."""
+    """An input with more than 2^31 elements (and, for cudnn_epilogue, an intermediate too): the last images must
+    be right."""
     n = 2100
     shape = (n, 16, 256, 256)
     assert n * 16 * 256 * 256 > 2**31
@@ -433,12 +675,53 @@ def test_autograd_on_gpu(backend, tf32_default):
 
 
 @needs_cuda
-def test_gpu_bad_inputs():
+@pytest.mark.parametrize("name,make,exc,pattern", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_gpu_bad_input_gets_the_same_message(name, make, exc, pattern):
+    """On CUDA the checks are the C++ op's: the same table must give the same errors as on the CPU."""
     _, new = _cuda_models()
-    with pytest.raises(ValueError, match=r"expects input on cuda:0 .* got cpu"):
+    with pytest.raises(exc, match=pattern):
+        new(make("cuda"))
+
+
+@needs_cuda
+def test_gpu_input_on_another_device_is_refused():
+    _, new = _cuda_models()
+    with pytest.raises(ValueError, match=r"expects input on cuda:0 \(the device of its weights\), got cpu"):
         new(torch.rand(1, 16, 8, 8))
-    with pytest.raises(ValueError, match=r"supported on cuda: torch.float32\), got torch.float16"):
-        new(torch.rand(1, 16, 8, 8, device="cuda").half())
+    cpu_model = make_models(0)[1]
+    with pytest.raises(ValueError, match=r"expects input on cpu \(the device of its weights\), got cuda:0"):
+        cpu_model(torch.rand(1, 16, 8, 8, device="cuda"))
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_direct_call_and_dispatcher_agree(backend, tf32_default):
+    """ModelNew's eager shortcut and the torch.library op run the same C++ function: bitwise equal outputs."""
+    _, new = _cuda_models(34, backend=backend)
+    x = make_input((2, 16, 40, 300), seed=10, device="cuda")
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    code = model_new.OP_BACKENDS.index(backend)
+    direct = model_new._ext.conv_min_tanh2(x, w, b, code)
+    assert torch.equal(_run(new, x), direct)
+    assert torch.equal(OP(x, w, b, code), direct)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name,shape,dtype,grad", OPCHECK_CASES, ids=[c[0] for c in OPCHECK_CASES])
+def test_opcheck_gpu(name, shape, dtype, grad, tf32_default):
+    _opcheck("cuda", shape, dtype, grad)
+
+
+@needs_cuda
+def test_compile_fullgraph_gpu(tf32_default):
+    """torch.compile(fullgraph=True) with inductor: one graph, the fused op inside, the reference's answer."""
+    torch._dynamo.reset()
+    ref, new = _cuda_models(35)
+    compiled = torch.compile(new, fullgraph=True)
+    x = make_input((8, 16, 64, 300), seed=11, device="cuda")
+    got = _run(compiled, x)
+    assert torch.equal(got, _run(new, x))
+    _check_output(got, _run(ref, x), x, ref, "fused")
 
 
 @needs_cuda

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Build, test, bench, disassemble and sanitize on a CUDA machine. Logs go to $OUT (default ./device-out).
-# Usage: tools/device_check.sh [pytest|bench|bench-fast|sass|sanitize|all]...
+# Build, test, bench, disassemble, sanitize, mutate and run KernelBench on a CUDA machine. Logs go to $OUT
+# (default ./device-out).
+# Usage: tools/device_check.sh [pytest|bench|bench-fast|kernelbench|mutants|sass|sanitize|all]...
+# kernelbench needs KERNELBENCH_DIR (a KernelBench checkout); it and bench write results/<gpu>.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -12,9 +14,13 @@ status=0
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
-  python3 -c "import time; t = time.perf_counter(); import model_new; assert model_new.extension_available(), \
-model_new._ext_error; print(f'build + import: {time.perf_counter() - t:.1f} s')"; } 2>&1 | tee "$OUT/env.log" || status=1
+  python3 -c "import time; t = time.perf_counter(); import model_new; assert model_new.extension_available(); \
+print(f'build + import: {time.perf_counter() - t:.1f} s')"; } 2>&1 | tee "$OUT/env.log" || status=1
 
+if want mutants; then  # in the background beside sass and pytest: it builds two extensions of its own
+  python3 tools/mutants.py > "$OUT/mutants.log" 2>&1 &
+  mutants_pid=$!
+fi
 if want sass; then
   lib=$(python3 -c "import model_new; print(model_new._ext.__file__)")
   cuobjdump --dump-sass "$lib" > /tmp/ext.sass
@@ -24,12 +30,21 @@ fi
 if want pytest; then
   python3 -m pytest -q -rs test_correctness.py 2>&1 | tee "$OUT/pytest.log" || status=1
 fi
+if want mutants; then  # finished before anything is timed
+  wait "$mutants_pid" || status=1
+  cat "$OUT/mutants.log"
+fi
 if want bench-fast; then
   python3 bench.py --skip-compile --output "$OUT/bench-fast.json" 2>&1 | tee "$OUT/bench-fast.log" || status=1
 fi
 if want bench; then
   python3 bench.py --measure-import 2>&1 | tee "$OUT/bench.log" || status=1
-  cp results/*.json "$OUT/" 2>/dev/null
+fi
+if want kernelbench; then
+  python3 tools/kernelbench_eval.py 2>&1 | tee "$OUT/kernelbench.log" || status=1
+fi
+if want bench || want kernelbench; then
+  cp results/*.json results/*.png "$OUT/" 2>/dev/null
 fi
 if want sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1

@@ -1,0 +1,80 @@
+"""Break the code on purpose and check that the tests notice. Each mutant is one textual edit of model_new.py,
+built into its own extension cache; the tests named for it must fail on it (with an assertion, not an error).
+
+    python3 tools/mutants.py                 # every mutant (needs a CUDA GPU: the mutations are in the kernels)
+    python3 tools/mutants.py --only min_drops_nan
+
+The CPU-side mutations (a wrong variant accepted by the checks, the exact-fp32 case) are covered by the CPU tests
+themselves; these are the ones only a GPU can see.
+"""
+import argparse
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_FILES = ("model_new.py", "harness.py", "reference.py", "test_correctness.py")
+
+# name -> (original text, mutated text, tests that must fail)
+MUTANTS = {
+    # fminf drops NaN: min(NaN, x) = x
+    "min_drops_nan": (
+        'asm("min.NaN.f32 %0, %1, %2;\\n" : "=f"(r) : "f"(a), "f"(b));',
+        "r = fminf(a, b);",
+        ["test_nan_wins_over_inf_channels_in_the_min"],
+    ),
+    # operands reach the tensor cores unrounded, which then use their top 19 bits: truncated TF32
+    "no_tf32_rounding": (
+        'asm("cvt.rna.tf32.f32 %0, %1;\\n" : "=r"(r) : "f"(v));',
+        "r = __float_as_uint(v);",
+        ["test_full_size_matches_reference[0]"],
+    ),
+}
+
+
+def run_mutant(name, workdir):
+    original, mutated, tests = MUTANTS[name]
+    tree = os.path.join(workdir, name)
+    os.makedirs(tree)
+    for f in PROJECT_FILES:
+        shutil.copy(os.path.join(HERE, f), tree)
+    path = os.path.join(tree, "model_new.py")
+    with open(path) as f:
+        text = f.read()
+    assert text.count(original) == 1, f"{name}: the text to mutate is not in model_new.py exactly once"
+    with open(path, "w") as f:
+        f.write(text.replace(original, mutated))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(tree, "ext"), PYTHONUNBUFFERED="1")
+    selection = [f"test_correctness.py::{t}" for t in tests]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection], cwd=tree,
+                          env=env, capture_output=True, text=True, timeout=1200)
+    out = proc.stdout + proc.stderr
+    summary = next((line for line in reversed(out.splitlines()) if " in " in line and ("passed" in line or
+                                                                                      "failed" in line)), "")
+    caught = proc.returncode == 1 and "failed" in summary and " error" not in summary
+    reasons = [line.strip() for line in out.splitlines() if line.startswith("E ")][:4]
+    return name, caught, summary, reasons
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", choices=sorted(MUTANTS), default=None)
+    args = p.parse_args()
+    names = [args.only] if args.only else list(MUTANTS)
+    workdir = tempfile.mkdtemp(prefix="mutants_")
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        results = list(pool.map(lambda n: run_mutant(n, workdir), names))
+    all_caught = True
+    for name, caught, summary, reasons in results:
+        all_caught &= caught
+        print(f"mutant {name}: {'CAUGHT' if caught else 'NOT CAUGHT'} by {', '.join(MUTANTS[name][2])}: {summary}")
+        for line in reasons:
+            print(f"    {line}")
+    return 0 if all_caught else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@
 # (default ./device-out).
 # Usage: tools/device_check.sh [pytest|bench|bench-fast|kernelbench|mutants|sass|sanitize|all]...
 # kernelbench needs KERNELBENCH_DIR (a KernelBench checkout); it and bench write results/<gpu>.json.
+# SANITIZE_BACKENDS (e.g. "cudnn_epilogue") limits the sanitizer to those backends' cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -50,7 +51,7 @@ if want sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
-    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" python3 tools/sanitize.py 2>&1 | grep -vE "^========= *$" | tail -n 40
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" python3 tools/sanitize.py ${SANITIZE_BACKENDS:-} 2>&1 | grep -vE "^========= *$" | tail -n 40
   done 2>&1 | tee "$OUT/sanitize.log" || status=1
 fi
 exit $status

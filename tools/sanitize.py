@@ -2,6 +2,7 @@
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tools/sanitize.py
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python3 tools/sanitize.py
+    python3 tools/sanitize.py cudnn_epilogue      # only the cases of the named backends
 
 Without the caching allocator every tensor is its own allocation, so an out-of-bounds access cannot hide inside a
 pooled block. Each output is also checked against the torch backend.
@@ -38,7 +39,10 @@ CASES = [
 def main():
     torch.backends.cudnn.allow_tf32 = True
     failures = 0
+    only = set(sys.argv[1:])
     for backend, shape, dtype in CASES:
+        if only and backend not in only:
+            continue
         _, new = harness.make_models(0, device="cuda", backend=backend)
         new = new.to(dtype)
         x = harness.make_input(shape, seed=1, device="cuda").to(dtype)

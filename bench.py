@@ -71,6 +71,7 @@ def measure_import():
 def draw(rows, result, path):
     """Median ms per variant (log scale) with min-max whiskers and the TF32 floor."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,12 +83,16 @@ def draw(rows, result, path):
     whiskers = [[t["median"] - t["min"] for _, t in timed], [t["max"] - t["median"] for _, t in timed]]
     ax.barh(ys, medians, xerr=whiskers, color=["tab:gray" if "compile" in n or n == "eager" else "tab:blue"
                                                 for n, _ in timed], capsize=3)
-    for y, m in zip(ys, medians):
-        ax.text(m * 1.05, y, f"{m:.3f}", va="center", fontsize=8)
+    for y, (_, t) in zip(ys, timed):
+        ax.text(t["max"] * 1.04, y, f"{t['median']:.3f}", va="center", fontsize=8)
     ax.axvline(TF32_FLOOR_MS, color="tab:red", linestyle="--", label=f"TF32 floor {TF32_FLOOR_MS} ms")
     ax.set_yticks(list(ys), [n for n, _ in timed])
     ax.invert_yaxis()
     ax.set_xscale("log")
+    ax.set_xlim(0.8 * min(TF32_FLOOR_MS, min(t["min"] for _, t in timed)), 1.6 * max(t["max"] for _, t in timed))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("median ms per forward (min-max whiskers), L2 flushed")
     ax.set_title(f"{result['device']}, x {tuple(result['shape'])}, {result['trials']} trials", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)

@@ -760,6 +760,17 @@ CPP_SOURCE = r"""
 @SHARED_DECLARATIONS@
 namespace {
 
+// Messages are put together from strings only. Streaming a number in this library (c10::str, operator<< on an
+// int or on sizes) crashed on a machine whose runtime libstdc++ was older than the compiler's headers: the
+// number formatting instantiated here used the compiler's locale facets, not the process's.
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + num(sizes[i]);
+  return s + "]";
+}
+
 std::string dtype_name(at::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
 
 bool supported_dtype(at::ScalarType t) {
@@ -802,37 +813,40 @@ bool fused_supports(const at::Tensor& x, const at::Tensor& weight) {
 // tests run one table of bad inputs through both.
 void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
-                    "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape ", x.sizes());
-  TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on ", weight.device(),
-                    " (the device of its weights), got ", x.device());
+                    "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape " + shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on " + weight.device().str() +
+                                                       " (the device of its weights), got " + x.device().str());
   TORCH_CHECK_VALUE(x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type()),
-                    "ModelNew expects input of its weights' dtype ", dtype_name(weight.scalar_type()),
-                    " (supported: ", KB25_SUPPORTED_DTYPES, "), got ", dtype_name(x.scalar_type()));
-  TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1), "ModelNew expects ", weight.size(1),
-                    " input channels, got ", x.size(-3));
-  TORCH_CHECK_VALUE(x.size(-2) >= weight.size(2) && x.size(-1) >= weight.size(3), "ModelNew expects H >= ",
-                    weight.size(2), " and W >= ", weight.size(3), " (the kernel size), got H=", x.size(-2),
-                    ", W=", x.size(-1));
+                    "ModelNew expects input of its weights' dtype " + dtype_name(weight.scalar_type()) +
+                        " (supported: " KB25_SUPPORTED_DTYPES "), got " + dtype_name(x.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1),
+                    "ModelNew expects " + num(weight.size(1)) + " input channels, got " + num(x.size(-3)));
+  TORCH_CHECK_VALUE(x.size(-2) >= weight.size(2) && x.size(-1) >= weight.size(3),
+                    "ModelNew expects H >= " + num(weight.size(2)) + " and W >= " + num(weight.size(3)) +
+                        " (the kernel size), got H=" + num(x.size(-2)) + ", W=" + num(x.size(-1)));
   TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.device() == weight.device() &&
                         bias.scalar_type() == weight.scalar_type(),
-                    "ModelNew expects a bias of shape [", weight.size(0), "] like its weights, got ", bias.sizes(),
-                    " ", dtype_name(bias.scalar_type()), " on ", bias.device());
+                    "ModelNew expects a bias of shape [" + num(weight.size(0)) + "] like its weights, got " +
+                        shape_str(bias.sizes()) + " " + dtype_name(bias.scalar_type()) + " on " +
+                        bias.device().str());
 }
 
 bool wgmma_available() { return wgmma_available_on(c10::cuda::current_device()); }
 
 // The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here.
 int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
-  TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount, "ModelNew backend code must be 0..",
-                    kb25::kBackendCount - 1, ", got ", requested);
+  TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
+                    "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
   if (requested == kb25::kBackendAuto) {
     return fused_supports(x, weight) && conv_runs_in_tf32() ? kb25::kBackendFused : kb25::kBackendCudnnEpilogue;
   }
   if (requested == kb25::kBackendFused || requested == kb25::kBackendFusedMmaSync) {
-    TORCH_CHECK_VALUE(fused_supports(x, weight), "ModelNew backend '", kb25::kBackendNames[requested],
-                      "' needs a 4-D float32 input and a ", KB25_FUSED_CIN, "->", KB25_FUSED_COUT, " ",
-                      KB25_FUSED_KSIZE, "x", KB25_FUSED_KSIZE, " conv, got a ", x.dim(), "-D ",
-                      dtype_name(x.scalar_type()), " input and weight ", weight.sizes());
+    TORCH_CHECK_VALUE(fused_supports(x, weight),
+                      "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) +
+                          "' needs a 4-D float32 input and a " + num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) +
+                          " " + num(KB25_FUSED_KSIZE) + "x" + num(KB25_FUSED_KSIZE) + " conv, got a " +
+                          num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input and weight " +
+                          shape_str(weight.sizes()));
   }
   return requested;
 }
@@ -842,12 +856,12 @@ at::Tensor fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight
                                    bool use_wgmma) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
-  TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got ", xc.sizes());
+  TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   at::Tensor out = at::empty({N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)}, xc.options());
   const cudaError_t err = launch_conv3x3_min_tanh2_tf32(
       xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(), N, (int)H, (int)W,
       use_wgmma, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
   return out;
 }
 
@@ -863,14 +877,14 @@ at::Tensor cudnn_conv_then_epilogue(const at::Tensor& x, const at::Tensor& weigh
   const cudaError_t err = launch_min_dim1_tanh2(elem_code(y.scalar_type()), y.data_ptr(), out.data_ptr(), outer,
                                                 reduce, inner, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
                                                 at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: " + std::string(cudaGetErrorString(err)));
   return out;
 }
 
 // The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
 at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t backend) {
   check_input(x, weight, bias);
-  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got ", x.device());
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t chosen = resolve_backend(x, weight, backend);
   if (chosen == kb25::kBackendCudnnEpilogue) return cudnn_conv_then_epilogue(x, weight, bias);

@@ -322,6 +322,39 @@ def test_cuda_source_has_no_torch_headers():
                    for inc in re.findall(r"#include\s*[<\"]([^>\"]+)", model_new.cuda_source()))
 
 
+def _top_level_args(text, open_at):
+    """Arguments of the call whose '(' is at text[open_at], split at top-level commas (strings respected)."""
+    args, depth, start, i, quote = [], 0, open_at + 1, open_at, None
+    while True:
+        c = text[i]
+        if quote:
+            quote = None if c == quote and text[i - 1] != "\\" else quote
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return args + [text[start:i].strip()]
+        elif c == "," and depth == 1:
+            args.append(text[start:i].strip())
+            start = i + 1
+        i += 1
+
+
+def test_cpp_error_messages_are_single_prebuilt_strings():
+    """Every TORCH_CHECK in the C++ op takes one message argument built from strings (std::to_string for numbers).
+    Variadic messages stream numbers through this library's own ostream code, which crashed (segfault, not an
+    error) on a GPU machine whose runtime libstdc++ is older than the compiler's headers."""
+    src = model_new.cpp_source()
+    calls = [m for m in re.finditer(r"\bTORCH_CHECK\w*\s*\(", src)]
+    assert len(calls) >= 10
+    for m in calls:
+        args = _top_level_args(src, m.end() - 1)
+        assert len(args) == 2, f"{m.group(0)} with {len(args)} arguments: {args}"
+
+
 def test_import_without_cuda_builds_nothing_and_runs_on_the_cpu():
     """In a process that sees no GPU, importing model_new compiles nothing and the CPU path still matches."""
     code = ("import torch, model_new, harness; assert not torch.cuda.is_available(); "

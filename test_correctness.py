@@ -61,6 +61,22 @@ def test_state_dict_round_trip():
     assert torch.equal(ref2.conv.weight, new.conv.weight) and torch.equal(ref2.conv.bias, new.conv.bias)
 
 
+def test_forward_uses_the_parameters_of_the_moment():
+    """forward reads the live parameter dict: a weight assigned, a conv replaced, or a state_dict loaded after
+    construction is what the next call uses."""
+    ref, new = make_models(20)
+    x = make_input((2, 16, 9, 9), seed=7)
+    first = _run(new, x)
+    new.conv.weight = torch.nn.Parameter(new.conv.weight.detach() * -1)
+    ref.conv.weight = torch.nn.Parameter(ref.conv.weight.detach() * -1)
+    assert torch.equal(_run(new, x), _run(ref, x)) and not torch.equal(_run(new, x), first)
+    new.conv = torch.nn.Conv2d(16, 64, 3)
+    ref.load_state_dict(new.state_dict())
+    assert torch.equal(_run(new, x), _run(ref, x))
+    new.load_state_dict(make_models(21)[0].state_dict())
+    assert torch.equal(_run(new, x), _run(make_models(21)[0], x))
+
+
 @pytest.mark.parametrize("shape", [(2, 16, 12, 12), (1, 16, 3, 3), (3, 16, 9, 21), (2, 16, 33, 5), (16, 12, 10)])
 def test_cpu_matches_reference(shape):
     ref, new = make_models(11)

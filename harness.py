@@ -150,7 +150,7 @@ def host_us_per_call(fn, calls=100, bursts=50):
 
 def measure_host_us(model):
     """Host microseconds per call, tiny input, grad disabled: ModelNew(x), the op's CUDA kernel called directly,
-    and the same op through the dispatcher (torch.ops, as compiled graphs call it)."""
+    the same op through the dispatcher (torch.ops, as compiled graphs call it), and a baseline torch op."""
     import model_new
 
     x = make_input((1, 16, 8, 8), device="cuda")
@@ -160,6 +160,9 @@ def measure_host_us(model):
         "model_new": lambda: model(x),
         "extension_call": lambda: model_new._ext.conv_min_tanh2(x, w, b, code),
         "op_call": lambda: model_new.conv_min_tanh2(x, w, b, code),
+        # the machine's own cost of one tiny torch op (allocate the output, launch one kernel): host speed varies
+        # between machines by tens of percent, so read the rows above against this one
+        "torch_relu_baseline": lambda: torch.relu(x),
     }
     with torch.no_grad():
         return {name: host_us_per_call(fn) for name, fn in calls.items()}

@@ -1009,15 +1009,23 @@ def reference_backward(grad_out, x, weight, bias, needs_grad):
     return gx, gw, gb
 
 
+def _backend_name(code):
+    """The op's backend argument, checked as the C++ op checks it."""
+    if not 0 <= code < len(OP_BACKENDS):
+        raise ValueError(f"ModelNew backend code must be 0..{len(OP_BACKENDS) - 1}, got {code}")
+    return OP_BACKENDS[code]
+
+
 def _conv_min_tanh2_cpu(x, weight, bias, backend):
     check_input(x, weight, bias)
-    if OP_BACKENDS[backend] != "auto":
+    if _backend_name(backend) != "auto":
         raise ValueError(f"ModelNew backend {OP_BACKENDS[backend]!r} needs CUDA input, got {x.device}")
     return reference_math(x, weight, bias)
 
 
 def _conv_min_tanh2_fake(x, weight, bias, backend):
     check_input(x, weight, bias)
+    _backend_name(backend)
     return x.new_empty(output_shape(x, weight))
 
 

@@ -194,6 +194,19 @@ def test_backend_setting_is_validated():
             new(torch.rand(1, 16, 4, 4))
 
 
+def test_op_refuses_an_unknown_backend_code():
+    _, new = make_models(0)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    for code in (-1, len(model_new.OP_BACKENDS)):
+        with pytest.raises(ValueError, match=rf"backend code must be 0\.\.3, got {code}"):
+            OP(torch.rand(1, 16, 4, 4), w, b, code)
+        with pytest.raises(ValueError, match=rf"backend code must be 0\.\.3, got {code}"):
+            OP(torch.rand(1, 16, 4, 4, device="meta"), w.to("meta"), b.to("meta"), code)  # the fake kernel
+    if HAS_CUDA:
+        with pytest.raises(ValueError, match=r"backend code must be 0\.\.3, got 7"):
+            OP(torch.rand(1, 16, 4, 4, device="cuda"), w.cuda(), b.cuda(), 7)
+
+
 def test_backend_on_cpu_is_the_reference_math():
     _, new = make_models(0)
     x = torch.rand(1, 16, 4, 4)

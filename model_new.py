@@ -36,7 +36,6 @@ FUSED_KERNEL_SIZE = 3
 OP_BACKENDS = ("auto", "fused", "fused_mma_sync", "cudnn_epilogue")
 BACKENDS = OP_BACKENDS + ("torch",)
 BACKEND_ALIASES = {"card": "cudnn_epilogue"}
-FUSED_BACKENDS = ("fused", "fused_mma_sync")
 # Element types of the epilogue kernel; code = position. Also the dtypes ModelNew accepts.
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
@@ -49,10 +48,6 @@ def _camel(name):
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-def _dtype_name(dtype):
-    return str(dtype)  # torch.float32, as Python prints it; the C++ checks print the same
-
-
 def _shared_declarations():
     """Everything both translation units must agree on, written once: the fused shape, the backend and element
     codes, the names printed in errors, and the launchers' signatures (a mismatch with their definitions in the
@@ -60,7 +55,7 @@ def _shared_declarations():
     backends = "\n".join(f"inline constexpr int64_t kBackend{_camel(n)} = {i};" for i, n in enumerate(OP_BACKENDS))
     names = ", ".join(f'"{n}"' for n in OP_BACKENDS)
     elems = "\n".join(f"inline constexpr int kElem{_camel(str(d).split('.')[1])} = {i};" for i, d in enumerate(SUPPORTED_DTYPES))
-    supported = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
+    supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
     return f"""#include <cstdint>
 #include <cuda_runtime.h>
 #define KB25_FUSED_CIN {FUSED_IN_CHANNELS}
@@ -962,9 +957,9 @@ def check_input(x, weight, bias):
     if x.device != weight.device:
         raise ValueError(f"ModelNew expects input on {weight.device} (the device of its weights), got {x.device}")
     if x.dtype != weight.dtype or x.dtype not in SUPPORTED_DTYPES:
-        supported = ", ".join(_dtype_name(d) for d in SUPPORTED_DTYPES)
-        raise ValueError(f"ModelNew expects input of its weights' dtype {_dtype_name(weight.dtype)} "
-                         f"(supported: {supported}), got {_dtype_name(x.dtype)}")
+        supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise ValueError(f"ModelNew expects input of its weights' dtype {str(weight.dtype)} "
+                         f"(supported: {supported}), got {str(x.dtype)}")
     if weight.dim() != 4 or x.shape[-3] != weight.shape[1]:
         raise ValueError(f"ModelNew expects {weight.shape[1]} input channels, got {x.shape[-3]}")
     kh, kw = weight.shape[2], weight.shape[3]
@@ -973,7 +968,7 @@ def check_input(x, weight, bias):
                          f"got H={x.shape[-2]}, W={x.shape[-1]}")
     if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or bias.device != weight.device or bias.dtype != weight.dtype:
         raise ValueError(f"ModelNew expects a bias of shape [{weight.shape[0]}] like its weights, got "
-                         f"{list(bias.shape)} {_dtype_name(bias.dtype)} on {bias.device}")
+                         f"{list(bias.shape)} {str(bias.dtype)} on {bias.device}")
 
 
 def reference_math(x, weight, bias):
@@ -1018,8 +1013,9 @@ def _backend_name(code):
 
 def _conv_min_tanh2_cpu(x, weight, bias, backend):
     check_input(x, weight, bias)
-    if _backend_name(backend) != "auto":
-        raise ValueError(f"ModelNew backend {OP_BACKENDS[backend]!r} needs CUDA input, got {x.device}")
+    name = _backend_name(backend)
+    if name != "auto":
+        raise ValueError(f"ModelNew backend {name!r} needs CUDA input, got {x.device}")
     return reference_math(x, weight, bias)
 
 

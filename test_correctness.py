@@ -264,14 +264,17 @@ def test_round_tf32_is_round_to_nearest_ties_away():
     assert got[0] == float("inf") and got[1] == -float("inf") and torch.isnan(got[2])
 
 
-def test_float64_truth_is_the_reference_module():
-    """The truth the GPU tests use is reference.Model run in float64, not code from model_new."""
+def test_float64_truth_is_the_reference_module(monkeypatch):
+    """The truth the GPU tests use is reference.Model run in float64, not code from model_new: breaking model_new's
+    math leaves it unchanged."""
     ref, _ = make_models(19)
     x = make_input((2, 16, 9, 9), seed=6)
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
     truth = harness.float64_forward(x, w, b)
     assert truth.dtype == torch.float64
-    assert torch.allclose(truth, ref.double()(x.double()), atol=0, rtol=0)
+    assert torch.equal(truth, ref.double()(x.double()))
+    monkeypatch.setattr(model_new, "reference_math", lambda x, w, b: torch.zeros(1))
+    assert torch.equal(harness.float64_forward(x, w, b.clone()), truth)
 
 
 def _tf32_setup(seed, shape):

@@ -21,6 +21,13 @@ import harness
 import reference
 
 COMPILED_REFERENCES = ("compile_default", "compile_max_autotune")
+# The other precisions a user can ask of the model: (torch.backends.cudnn.allow_tf32, dtype, tolerance vs the
+# reference in that precision). The error vs the float64 truth must be at most bound x the reference's own.
+MODES = {
+    "strict_fp32": (False, torch.float32, harness.STRICT_ATOL, 2.0),
+    "bf16": (True, torch.bfloat16, 1e-2, 1.0),
+    "fp16": (True, torch.float16, 1e-2, 1.0),
+}
 TF32_FLOOR_MS = 0.37  # 152.2 GFLOP at the 413 TFLOP/s measured for a TF32 GEMM on an H200 (docs/perf-notes.md)
 
 
@@ -34,6 +41,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-compile", action="store_true", help="do not time torch.compile (it takes minutes)")
+    p.add_argument("--skip-modes", action="store_true", help="time only the default (TF32) precision")
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
@@ -101,6 +109,64 @@ def draw(rows, result, path):
     plt.close(fig)
 
 
+def time_row(name, fn, x, want, tol, args):
+    """Check fn(x) against want at tol, then time it: (row, output) or (row, None) when it is wrong."""
+    log(f"[{name}] checking output against the reference ...")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = fn(x)
+        torch.cuda.synchronize()
+        ok, diff = harness.compare(out, want, atol=tol, rtol=tol)
+    log(f"[{name}] first call {time.perf_counter() - t0:.1f} s, max abs diff {diff:.3g}, allclose {tol:g}: {ok}")
+    correct = {"max_abs_diff": diff, f"allclose_{tol:g}": ok}
+    if not ok and name not in COMPILED_REFERENCES:
+        log(f"[{name}] WRONG OUTPUT: not timed")
+        return {"correct": correct}, None
+    log(f"[{name}] timing {args.trials} trials ...")
+    with torch.no_grad():
+        times = harness.time_cuda(lambda: fn(x), trials=args.trials, warmup=args.warmup)
+    return {"time_ms": harness.summarize(times), "correct": correct}, out
+
+
+def bench_modes(args, init, shape):
+    """Strict fp32 (TF32 off), bf16 and fp16 models: eager, torch.compile (max-autotune-no-cudagraphs) and ModelNew,
+    each output checked against the reference in that precision and against the float64 truth."""
+    modes = {}
+    for mode, (allow_tf32, dtype, tol, truth_bound) in MODES.items():
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+        ref, new = (m.to(dtype).eval() for m in harness.make_models(args.seed, init, device="cuda"))
+        x = harness.make_input(shape, seed=args.seed + 1, device="cuda").to(dtype)
+        with torch.no_grad():
+            want = ref(x)
+            truth = harness.float64_forward(x, ref.conv.weight, ref.conv.bias)
+        ref_err = harness.max_abs_error(want, truth)
+        entry = {"fused_kernel": new.fused_kernel(x), "tol": tol, "ms": {}}
+        fns = [("eager", ref)]
+        if not args.skip_compile:
+            torch._dynamo.reset()
+            fns.append(("compile", torch.compile(ref, mode="max-autotune-no-cudagraphs")))
+        fns.append(("model_new", new))
+        for name, fn in fns:
+            row, out = time_row(f"{mode} {name}", fn, x, want, tol, args)
+            entry["ms"][name] = row.get("time_ms", {}).get("median")
+            if name == "model_new":
+                err = harness.max_abs_error(out, truth) if out is not None else None
+                entry.update(correct=out is not None and err <= truth_bound * ref_err,
+                             max_abs_diff=row["correct"]["max_abs_diff"],
+                             max_abs_error_vs_float64={"model_new": err, "reference": ref_err,
+                                                       "bound": f"{truth_bound:g} x reference"},
+                             time_ms=row.get("time_ms"))
+            del out
+        ms = entry["ms"]
+        entry["speedup"] = {f"vs_{k}": ms[k] / ms["model_new"] for k in ("eager", "compile")
+                            if ms.get(k) and ms.get("model_new")}
+        modes[mode] = entry
+        del ref, new, x, want, truth
+        torch.cuda.empty_cache()
+    torch.backends.cudnn.allow_tf32 = True
+    return modes
+
+
 def main():
     args = parse_args()
     if not torch.cuda.is_available():
@@ -142,22 +208,11 @@ def main():
 
     rows = {}
     for name, fn in variants:
-        log(f"[{name}] checking output against the reference ...")
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            out = fn(x)
-            torch.cuda.synchronize()
-            ok, diff = harness.compare(out, want)
-        log(f"[{name}] first call {time.perf_counter() - t0:.1f} s, max abs diff {diff:.3g}, allclose 1e-4: {ok}")
-        if not ok and name not in COMPILED_REFERENCES:
-            log(f"[{name}] WRONG OUTPUT: not timed")
-            rows[name] = {"correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
-            continue
-        log(f"[{name}] timing {args.trials} trials ...")
-        with torch.no_grad():
-            times = harness.time_cuda(lambda: fn(x), trials=args.trials, warmup=args.warmup)
-        rows[name] = {"time_ms": harness.summarize(times), "correct": {"max_abs_diff": diff, "allclose_1e-4": ok}}
+        rows[name], out = time_row(name, fn, x, want, harness.ATOL, args)
         del out
+    del variants
+    torch._dynamo.reset()
+    modes = {} if args.skip_modes else bench_modes(args, init, shape)
     def med(name):
         return rows.get(name, {}).get("time_ms", {}).get("median")
 
@@ -193,6 +248,7 @@ def main():
         "correct": rows["model_new"]["correct"],
         "variants": rows,
         "compile_fullgraph": bool(compiled_row.get("correct", {}).get("allclose_1e-4")) and "time_ms" in compiled_row,
+        "modes": modes,
         "host_us": host_us,
         "import_s": import_s,
         "date": time.strftime("%Y-%m-%d"),
@@ -214,6 +270,13 @@ def main():
         log(f"| {name:<22} | {t['median']:9.3f} | {t['min']:7.3f} | {t['max']:7.3f} | "
             f"{ms['eager'] / t['median']:7.2f}x | {vs_compile:>10} | {flops / t['median'] / 1e9:7.1f} | "
             f"{100 * TF32_FLOOR_MS / t['median']:14.0f}% | {row['correct']['max_abs_diff']:12.2e} |")
+    for mode, entry in modes.items():
+        ms_m = entry["ms"]
+        log(f"{mode:<12} ({entry['fused_kernel']}): " + ", ".join(
+            f"{k} {v:.3f} ms" if v else f"{k} -" for k, v in ms_m.items()) + " | " + ", ".join(
+            f"{k} {v:.2f}x" for k, v in entry["speedup"].items()) + f" | max abs diff {entry['max_abs_diff']:.2e} "
+            f"(tol {entry['tol']:g}), vs float64 {entry['max_abs_error_vs_float64']['model_new'] or float('nan'):.2e} "
+            f"(reference {entry['max_abs_error_vs_float64']['reference']:.2e}), correct: {entry['correct']}")
     log(f"host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in host_us.items()))
     if import_s:
         log(f"import model_new: first (compile) {import_s['first']:.1f} s, cached {import_s['cached']:.2f} s")
@@ -229,7 +292,8 @@ def main():
     picture = os.path.splitext(path)[0] + ".png"
     draw(rows, result, picture)
     log(f"wrote {picture}")
-    return 0 if result["correct"]["allclose_1e-4"] else 1
+    ok = result["correct"]["allclose_1e-4"] and all(entry["correct"] for entry in modes.values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ BACKENDS = OP_BACKENDS + ("torch",)
 BACKEND_ALIASES = {"card": "cudnn_epilogue"}
 # Element types of the epilogue kernel; code = position. Also the dtypes ModelNew accepts.
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# The fused kernel's instantiations, (arch, precision); code = position. Which one runs: fused_kernel_for() (C++).
+FUSED_KERNELS = ("sm80_tf32", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16")
 EXTENSION_NAME = "kb25_conv_min_tanh2"
 OP_NAMESPACE = "kb25"
 OP_NAME = "conv_min_tanh2"
@@ -56,6 +58,8 @@ def _shared_declarations():
     names = ", ".join(f'"{n}"' for n in OP_BACKENDS)
     elems = "\n".join(f"inline constexpr int kElem{_camel(str(d).split('.')[1])} = {i};" for i, d in enumerate(SUPPORTED_DTYPES))
     supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+    kernels = "\n".join(f"inline constexpr int kFused{_camel(n)} = {i};" for i, n in enumerate(FUSED_KERNELS))
+    kernel_names = ", ".join(f'"{n}"' for n in FUSED_KERNELS)
     return f"""#include <cstdint>
 #include <cuda_runtime.h>
 #define KB25_FUSED_CIN {FUSED_IN_CHANNELS}
@@ -69,10 +73,13 @@ namespace kb25 {{
 inline constexpr int kBackendCount = {len(OP_BACKENDS)};
 inline constexpr const char* kBackendNames[] = {{{names}}};
 {elems}
+{kernels}
+inline constexpr int kFusedKernelCount = {len(FUSED_KERNELS)};
+inline constexpr const char* kFusedKernelNames[] = {{{kernel_names}}};
 }}  // namespace kb25
-extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
-                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
-                                                     cudaStream_t stream);
+extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
+                                                      void* out, int64_t N, int H, int W, int num_sms,
+                                                      cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
 """
@@ -88,80 +95,42 @@ CUDA_SOURCE = r"""
 #undef __CUDA_NO_BFLOAT16_CONVERSIONS__
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <type_traits>
 @SHARED_DECLARATIONS@
 namespace kb25 {
 
-// ================================================================ traits
-enum class OperandPrecision { kTF32RoundNearest };  // strict fp32 (3xTF32), bf16 and fp16 slot in here
-
-// What both fused kernels share. K is ordered (kh, kw, ci): k-step ks covers channels (ks % (kCin/8)) * 8 .. +7
-// of tap ks / (kCin/8) = kh*3 + kw. A CTA is one warpgroup; one CTA step is one output row segment of kTileCols
-// pixels x all kCout channels, computed from a ring of input rows in shared memory.
-template <int kCin_, int kCout_>
-struct FusedShape {
-  static constexpr int kCin = kCin_;
-  static constexpr int kCout = kCout_;
-  static constexpr OperandPrecision kPrecision = OperandPrecision::kTF32RoundNearest;
-  static constexpr int kKsize = 3;
-  static constexpr int kTaps = kKsize * kKsize;
-  static constexpr int kKSteps = kCin * kTaps / 8;
-  static constexpr int kThreads = 128;
-  static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM: one computes while the other loads or reduces
-  static constexpr int kTileCols = 256;
-  static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
-  static_assert(kCin % 8 == 0, "input channels must fill whole k8 steps");
-  static_assert(kPrecision == OperandPrecision::kTF32RoundNearest, "only TF32 round-to-nearest is implemented");
-};
-
-// mma.sync m16n8k8 (any sm_80+ GPU). Each warp: 64 pixels (4 m16 tiles) x all kCout channels (kCout/8 n8 tiles),
-// so the min over channels stays in registers. A (pixels x channels) and B (weights) both from shared memory.
-template <int kCin_, int kCout_>
-struct MmaSyncTraits : FusedShape<kCin_, kCout_> {
-  using S = FusedShape<kCin_, kCout_>;
-  static constexpr int kWarpCols = S::kTileCols / 4;
-  static constexpr int kMTiles = kWarpCols / 16;
-  static constexpr int kNTiles = S::kCout / 8;
-  static constexpr int kChunksPerRow = (S::kInCols + 3) / 4;  // 16-byte chunks of one channel row
-  // Slot layout [channel][kPitch]. The 4 lanes of a quad read 4 consecutive channels at one pixel: a pitch of
-  // 8 (mod 32) words puts a warp's 32 A-fragment loads in 32 distinct banks.
-  static constexpr int kPitch = ((kChunksPerRow * 4 + 23) / 32) * 32 + 8;
-  static constexpr int kPrefetch = 1;
-  static constexpr int kRing = S::kKsize + kPrefetch;
-  static constexpr int kSlotFloats = S::kCin * kPitch;
-  static constexpr int kWeightFloats = S::kKSteps * 32 * kNTiles * 2;
-  static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kWeightFloats + S::kCout) * sizeof(float);
-  static_assert(S::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
-  static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
-  static_assert(kPitch % 32 == 8 && kPitch >= kChunksPerRow * 4, "pitch must be 8 mod 32 and hold a row");
-};
-
-// wgmma m64n256k8 (sm_90a), operands swapped: A = weights (M = 64 output channels) in registers for the whole
-// kernel, B = input pixels (N = 256) x 8 channels from shared memory. One instruction per k-step, no A loads.
-template <int kCin_, int kCout_>
-struct WgmmaTraits : FusedShape<kCin_, kCout_> {
-  using S = FusedShape<kCin_, kCout_>;
-  static constexpr int kGroups = S::kCin / 4;  // 4 channels = 16 bytes = one core-matrix row
-  // Slot layout [group][column][4 channels]: 8 consecutive columns of one group are one 8 x 16-byte core matrix,
-  // whatever column they start at, so every tap's B operand is a plain descriptor into the slot.
-  static constexpr int kPitchCols = 264;
-  static constexpr int kGroupBytes = kPitchCols * 16;
-  static constexpr int kSlotFloats = kGroups * kPitchCols * 4;
-  static constexpr int kPrefetch = 2;
-  static constexpr int kRing = S::kKsize + kPrefetch;
-  static constexpr int kNBlocks = S::kTileCols / 8;  // n8 blocks of the accumulator
-  static constexpr int kRedRows = 16;               // cross-warp min: 4 warps x 4 lane pairs
-  static constexpr int kRedPitch = S::kTileCols + 8;  // rows 8 words apart: 2-way conflicts at most
-  static constexpr size_t kSmemBytes = (size_t)(kRing * kSlotFloats + kRedRows * kRedPitch) * sizeof(float);
-  static_assert(S::kCout == 64 && S::kTileCols == 256, "one m64n256k8 per k-step");
-  static_assert(kPitchCols >= S::kInCols, "a slot holds a whole input row segment");
-};
-
-// wgmma exists only in code compiled for sm_90a; elsewhere its kernel body is empty and never launched.
+// wgmma exists only in code compiled for sm_90a; elsewhere the wgmma kernels are empty and never launched.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB25_HAS_WGMMA 1
 #else
 #define KB25_HAS_WGMMA 0
 #endif
+inline constexpr bool kHasWgmma = KB25_HAS_WGMMA;
+inline constexpr int kSmemPerSm = 228 * 1024;  // sm_90; the runtime keeps 1 KB of it per CTA
+
+// ================================================================ precisions (multiply-add tags)
+// How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
+// tag on the same kernel). kCopies: operand copies the producer writes per input row.
+struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
+  using Elem = float;
+  static constexpr int kMmaK = 8;
+  static constexpr int kCopies = 1;
+};
+struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
+  using Elem = float;
+  static constexpr int kMmaK = 8;
+  static constexpr int kCopies = 2;
+};
+struct Bf16 {  // operands as they come, fp32 accumulation
+  using Elem = __nv_bfloat16;
+  static constexpr int kMmaK = 16;
+  static constexpr int kCopies = 1;
+};
+struct Fp16 {
+  using Elem = __half;
+  static constexpr int kMmaK = 16;
+  static constexpr int kCopies = 1;
+};
 
 // ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -169,7 +138,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 
 // cp.async with a source size of 0 writes zeros: columns past the image edge arrive as 0.
-__device__ __forceinline__ void cp_async_16(float* dst, const float* src, bool valid) {
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(valid ? 16 : 0));
 }
@@ -182,6 +151,8 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+// Generic-proxy writes to shared memory become visible to wgmma (the async proxy) after this and a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Round to nearest, ties away: what cuDNN's TF32 conv does to its operands (truncation would be 8e-4 off).
 __device__ __forceinline__ float round_to_tf32(float v) {
@@ -191,6 +162,20 @@ __device__ __forceinline__ float round_to_tf32(float v) {
 }
 __device__ __forceinline__ float4 round_to_tf32(float4 v) {
   return make_float4(round_to_tf32(v.x), round_to_tf32(v.y), round_to_tf32(v.z), round_to_tf32(v.w));
+}
+
+// v = big + small for 3xTF32. big: v truncated to TF32 (never overflows; NaN stays NaN), so v - big is exact and has
+// v's sign; small: that remainder rounded to nearest, which keeps the sign. Where v is not finite small is 0, so an
+// infinite operand gives one infinite product, with v's sign, like the fp32 product it stands for.
+__device__ __forceinline__ void split_tf32(float v, float& big, float& small) {
+  big = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : v;
+  small = isfinite(v) ? round_to_tf32(v - big) : 0.f;
+}
+__device__ __forceinline__ void split_tf32(float4 v, float4& big, float4& small) {
+  split_tf32(v.x, big.x, small.x);
+  split_tf32(v.y, big.y, small.y);
+  split_tf32(v.z, big.z, small.z);
+  split_tf32(v.w, big.w, small.w);
 }
 
 // torch.min semantics: NaN wins (fminf would drop it).
@@ -217,6 +202,13 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+__device__ __forceinline__ void wgmma_wait_for(int pending) {  // pending: a constant after unrolling
+  if (pending == 0) {
+    wgmma_wait<0>();
+  } else {
+    wgmma_wait<1>();
+  }
+}
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // Shared-memory matrix descriptor, no swizzle: start address, then the byte offsets between 8-row x 16-byte core
@@ -226,8 +218,47 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offs
          ((uint64_t)((mn_offset_bytes >> 4) & 0x3FFF) << 32);
 }
 
-@WGMMA_M64N256K8@
+// Selects the wgmma wrapper by operand type.
+template <class Elem>
+struct Operand {};
 
+@WGMMA_WRAPPERS@
+
+// ================================================================ geometry
+// K is ordered (tap, channel): k-step ks covers channels (ks % kKStepsPerTap) * kMmaK .. + kMmaK - 1 of tap
+// ks / kKStepsPerTap = kh*3 + kw. A CTA is one warpgroup; one step is one output row segment of kTileCols pixels x
+// all kCout channels, computed from a ring of input rows (slots) in shared memory. A slot is laid out
+// [copy][channel group][column][kGroupChannels channels]: 16 bytes per (group, column), so 8 consecutive columns of
+// one group are one 8 x 16-byte core matrix wherever they start. Every tap's operand is then a plain wgmma
+// descriptor into the slot, and mma.sync's fragment loads hit 32 distinct banks.
+template <class Precision_, int kTileCols_, int kLead_>
+struct ConvGeometry {
+  using Precision = Precision_;
+  using Elem = typename Precision::Elem;
+  static constexpr int kCin = KB25_FUSED_CIN;
+  static constexpr int kCout = KB25_FUSED_COUT;
+  static constexpr int kKsize = KB25_FUSED_KSIZE;
+  static constexpr int kTaps = kKsize * kKsize;
+  static constexpr int kThreads = 128;
+  static constexpr int kTileCols = kTileCols_;
+  static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
+  static constexpr int kMmaK = Precision::kMmaK;
+  static constexpr int kKStepsPerTap = kCin / kMmaK;
+  static constexpr int kKSteps = kTaps * kKStepsPerTap;
+  static constexpr int kElemsPerReg = 4 / (int)sizeof(Elem);  // A-fragment elements per 32-bit register
+  static constexpr int kGroupChannels = 16 / (int)sizeof(Elem);
+  static constexpr int kGroups = kCin / kGroupChannels;
+  static constexpr int kPitchCols = kTileCols + 8;
+  static constexpr int kGroupBytes = kPitchCols * 16;
+  static constexpr int kCopyBytes = kGroups * kGroupBytes;
+  static constexpr int kSlotBytes = Precision::kCopies * kCopyBytes;
+  static constexpr int kLead = kLead_;  // how many steps ahead the producer starts a row
+  static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
+  static_assert(kPitchCols >= kInCols && kPitchCols % 8 == 0, "a slot holds a whole input row segment");
+  static_assert(kTileCols % 128 == 0 || kTileCols < 128, "wgmma parts are 128 columns");
+};
+
+// ================================================================ scheduler
 // Step s = (n * col_blocks + cb) * OH + oy, the output row fastest: consecutive steps slide a 3-row input window
 // down one column block of one image. A CTA walks a contiguous range of steps; it divides once, then counts.
 struct StepWalker {
@@ -255,348 +286,532 @@ __device__ __forceinline__ void cta_step_range(int64_t total, int64_t& begin, in
   end = total * (blockIdx.x + 1) / gridDim.x;
 }
 
-// ================================================================ mma.sync kernel
-// Producer: starts the copy of input row y (every channel; columns col0 .. col0 + 4*kChunksPerRow - 1) into a
-// slot laid out [channel][kPitch]. Thread tid owns chunks tid, tid + kThreads, ...; round_row() visits the same
-// chunks, so a thread may round its own chunks once its copies have landed, without a barrier in between.
-template <class T>
-__device__ __forceinline__ void load_input_row(float* slot, const float* __restrict__ x_img, int y, int col0, int H,
-                                               int W, bool vec16) {
-  const int64_t plane = (int64_t)H * W;
-  for (int c = threadIdx.x; c < T::kCin * T::kChunksPerRow; c += T::kThreads) {
-    const int ci = c / T::kChunksPerRow;
-    const int j = c - ci * T::kChunksPerRow;
-    const int col = col0 + 4 * j;
-    const float* src = x_img + ci * plane + (int64_t)y * W + col;
-    float* dst = slot + ci * T::kPitch + 4 * j;
-    if (vec16) {
-      const bool valid = col < W;  // W % 4 == 0 here: a chunk is wholly inside or wholly outside
-      cp_async_16(dst, valid ? src : x_img, valid);
-    } else {
+// ================================================================ producers (global -> slot)
+// Both: issue(needed, slot, x_img, y, col0) starts input row y (an empty start when not needed, which keeps the
+// count of rows in flight); complete(slot, y) finishes row y, the oldest started, and leaves it converted in its slot
+// (all threads, then a barrier, before an MMA reads it); complete_now(slot, y) finishes every row started. A thread
+// converts exactly the items it loaded, so no barrier sits in between. kLead rows are in flight at most.
+
+// fp32 operands: cp.async gathers. Item (group, column) is one 16-byte chunk of 4 channel planes; consecutive threads
+// take consecutive columns, so each of the 4 copies is coalesced across the warp. One cp.async group per issue (an
+// empty one when the row is not needed), so complete() always waits for all but the kLead - 1 newest. The
+// conversion runs in place: rounding, or the 3xTF32 split into copy 0 (big) and copy 1 (small).
+template <class G>
+struct CpAsyncProducer {
+  static_assert(G::kGroupChannels == 4, "fp32 items are 4 channels");
+  static constexpr int kItems = G::kGroups * G::kInCols;
+  static constexpr int kRegisters = 0;  // nothing is staged in registers
+  static constexpr int kSmemBytes = 0;
+  static constexpr int kRingSlots = G::kKsize + G::kLead;  // rows land in their slot as they arrive
+  const int64_t plane;
+  const int W;
+  __device__ CpAsyncProducer(unsigned char*, const float*, int H, int W_) : plane((int64_t)H * W_), W(W_) {}
+
+  __device__ void issue(bool needed, unsigned char* slot, const float* __restrict__ x_img, int y, int col0) {
+    if (needed) {
+      const float* src_row = x_img + (int64_t)y * W + col0;
+      for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+        const int grp = item / G::kInCols, col = item - grp * G::kInCols;
+        const bool valid = col0 + col < W;
+        float* dst = reinterpret_cast<float*>(slot + grp * G::kGroupBytes) + col * 4;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool valid = col + e < W;
-        cp_async_4(dst + e, valid ? src + e : x_img, valid);
+        for (int c = 0; c < 4; ++c) cp_async_4(dst + c, valid ? src_row + (grp * 4 + c) * plane + col : x_img, valid);
       }
     }
+    cp_async_commit();
   }
-  cp_async_commit();
-}
-
-template <class T>
-__device__ __forceinline__ void round_row(float* slot) {
-  for (int c = threadIdx.x; c < T::kCin * T::kChunksPerRow; c += T::kThreads) {
-    const int ci = c / T::kChunksPerRow;
-    float4* p = reinterpret_cast<float4*>(slot + ci * T::kPitch + 4 * (c - ci * T::kChunksPerRow));
-    *p = round_to_tf32(*p);
+  __device__ void complete(unsigned char* slot, int) {
+    cp_async_wait<G::kLead - 1>();
+    convert(slot);
   }
-}
-
-// Weights go to shared memory once per CTA, rounded, in the order the MMA reads them: float
-// ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment element
-// b[e&1] of n-tile 2q + e/2, i.e. B[k = t + 4*(e&1)][n = g]: one conflict-free 16-byte load per n-tile pair.
-template <class T>
-__device__ void stage_weights(float* wsm, float* bsm, const float* __restrict__ w, const float* __restrict__ b) {
-  for (int i = threadIdx.x; i < T::kWeightFloats; i += T::kThreads) {
-    const int e = i & 3, lane = (i >> 2) & 31;
-    const int q = (i >> 7) % (T::kNTiles / 2);
-    const int ks = (i >> 7) / (T::kNTiles / 2);
-    const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-    const int ci = (ks % (T::kCin / 8)) * 8 + (lane & 3) + 4 * (e & 1);
-    wsm[i] = round_to_tf32(w[(co * T::kCin + ci) * T::kTaps + ks / (T::kCin / 8)]);
+  __device__ void complete_now(unsigned char* slot, int) {
+    cp_async_wait<0>();
+    convert(slot);
   }
-  for (int i = threadIdx.x; i < T::kCout; i += T::kThreads) bsm[i] = b[i];
-}
-
-// Consumer, one warp. A fragment (m16n8k8, row-major): lane (g, t) holds a0 = A[g][t], a1 = A[g+8][t],
-// a2 = A[g][t+4], a3 = A[g+8][t+4], where A[pixel p][k] sits at a_rows[kh][cb*8*kPitch + p + kw] (a_rows already
-// point at channel t, pixel g of this warp).
-template <class T>
-__device__ __forceinline__ void conv_tile_mma(float (&acc)[T::kMTiles][T::kNTiles][4],
-                                              const float* const (&a_rows)[3], const float* wsm, int lane) {
-#pragma unroll
-  for (int ks = 0; ks < T::kKSteps; ++ks) {
-    const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (T::kNTiles / 2) * 32 + lane;
-    float4 bq[T::kNTiles / 2];
-#pragma unroll
-    for (int q = 0; q < T::kNTiles / 2; ++q) bq[q] = wq[q * 32];
-    const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
-    const float* a_ptr = a_rows[tap / 3] + cb * 8 * T::kPitch + tap % 3;
-#pragma unroll
-    for (int mt = 0; mt < T::kMTiles; ++mt) {
-      const uint32_t a[4] = {__float_as_uint(a_ptr[mt * 16]), __float_as_uint(a_ptr[mt * 16 + 8]),
-                             __float_as_uint(a_ptr[mt * 16 + 4 * T::kPitch]),
-                             __float_as_uint(a_ptr[mt * 16 + 8 + 4 * T::kPitch])};
-#pragma unroll
-      for (int q = 0; q < T::kNTiles / 2; ++q) {
-        mma_m16n8k8_tf32(acc[mt][2 * q], a, bq[q].x, bq[q].y);
-        mma_m16n8k8_tf32(acc[mt][2 * q + 1], a, bq[q].z, bq[q].w);
+  __device__ void convert(unsigned char* slot) {
+    for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+      const int grp = item / G::kInCols, col = item - grp * G::kInCols;
+      float4* p = reinterpret_cast<float4*>(slot + grp * G::kGroupBytes) + col;
+      if constexpr (G::Precision::kCopies == 1) {
+        *p = round_to_tf32(*p);
+      } else {
+        float4 big, small;
+        split_tf32(*p, big, small);
+        *p = big;
+        *reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p) + G::kCopyBytes) = small;
       }
     }
+    fence_proxy_async();
+  }
+};
+
+// 16-bit operands (the element type is the MMA's): no conversion, but the 16 bytes of one column are 8 channel
+// planes, which cp.async (4 bytes at least) cannot gather. issue() copies the rows as they lie into a staging ring,
+// kLead rows ahead: item (group, 8-column chunk) is 8 coalesced 16-byte cp.async, one per channel. complete()
+// transposes each item in registers (8 x 8 16-bit values, byte permutes) into 8 column writes of the slot. The
+// thread that copied an item transposes it, so no barrier sits in between. Where chunks are not 16-byte aligned
+// (W % 8 != 0, or x itself) the items are loaded element by element instead, synchronously.
+template <class G>
+struct StagedTransposeProducer {
+  using Elem = typename G::Elem;
+  static_assert(sizeof(Elem) == 2 && G::kGroupChannels == 8, "16-bit items are 8 channels x 8 columns");
+  static constexpr int kChunks = (G::kInCols + 7) / 8;
+  static constexpr int kStagePitch = kChunks * 8;  // elements of one channel row
+  static constexpr int kStageBytes = G::kCin * kStagePitch * 2;
+  static constexpr int kSmemBytes = G::kLead * kStageBytes;
+  static constexpr int kItems = G::kGroups * kChunks;
+  static constexpr int kRingSlots = G::kKsize + 1;  // rows land in their slot only when they are completed
+  static constexpr int kRegisters = 0;
+  static_assert(kStagePitch <= G::kPitchCols, "a transposed chunk stays inside the slot");
+  unsigned char* const stage;
+  const int64_t plane;
+  const int W;
+  const bool vec16;
+  __device__ StagedTransposeProducer(unsigned char* smem, const Elem* x, int H, int W_)
+      : stage(smem), plane((int64_t)H * W_), W(W_),
+        vec16(W_ % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
+  __device__ uint16_t* staged_row(int y) const {
+    return reinterpret_cast<uint16_t*>(stage + (y % G::kLead) * kStageBytes);
+  }
+
+  __device__ void issue(bool needed, unsigned char*, const Elem* __restrict__ x_img, int y, int col0) {
+    if (needed) {
+      const uint16_t* src_row = reinterpret_cast<const uint16_t*>(x_img) + (int64_t)y * W + col0;
+      uint16_t* dst_row = staged_row(y);
+      for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+        const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const int ch = grp * 8 + c;
+          uint16_t* dst = dst_row + ch * kStagePitch + col;
+          const uint16_t* src = src_row + ch * plane + col;
+          if (vec16) {
+            const bool valid = col0 + col < W;  // W % 8 == 0: a chunk is wholly inside or wholly outside
+            cp_async_16(dst, valid ? src : reinterpret_cast<const uint16_t*>(x_img), valid);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dst[e] = col0 + col + e < W ? src[e] : uint16_t(0);
+          }
+        }
+      }
+    }
+    cp_async_commit();
+  }
+  __device__ void complete(unsigned char* slot, int y) {
+    cp_async_wait<G::kLead - 1>();
+    transpose(slot, y);
+  }
+  __device__ void complete_now(unsigned char* slot, int y) {
+    cp_async_wait<0>();
+    transpose(slot, y);
+  }
+  // Channel c's 16 bytes hold columns 0..7 as 4 words; column j's 16 bytes are channel pairs (2q, 2q+1).
+  __device__ void transpose(unsigned char* slot, int y) {
+    const uint16_t* src_row = staged_row(y);
+    for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+      const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
+      uint4 r[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) r[c] = *reinterpret_cast<const uint4*>(src_row + (grp * 8 + c) * kStagePitch + col);
+      uint4* dst = reinterpret_cast<uint4*>(slot + grp * G::kGroupBytes) + col;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;
+        const int w = j >> 1;
+        auto word = [&](const uint4& v) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; };
+        dst[j] = make_uint4(__byte_perm(word(r[0]), word(r[1]), sel), __byte_perm(word(r[2]), word(r[3]), sel),
+                            __byte_perm(word(r[4]), word(r[5]), sel), __byte_perm(word(r[6]), word(r[7]), sel));
+      }
+    }
+    fence_proxy_async();
+  }
+};
+
+// ================================================================ mainloops (MMA policies)
+// Both: start(acc, rows, col0, OW) sets the accumulators to the bias and issues the MMAs of one step over the three
+// slots of rows oy..oy+2; finish(acc) waits for them. wgmma runs between the two, while the producer completes a row.
+
+// One 32-bit A-fragment register of weight w[co][k..][tap]: a TF32 value, or two adjacent k of a 16-bit type.
+template <class Precision>
+__device__ __forceinline__ uint32_t weight_register(const typename Precision::Elem* __restrict__ w, int co, int k,
+                                                    int tap) {
+  constexpr int kCin = KB25_FUSED_CIN, kTaps = KB25_FUSED_KSIZE * KB25_FUSED_KSIZE;
+  if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
+    return __float_as_uint(round_to_tf32(__ldg(w + (co * kCin + k) * kTaps + tap)));
+  } else if constexpr (std::is_same<Precision, Tf32x3>::value) {
+    float big, small;
+    split_tf32(__ldg(w + (co * kCin + k) * kTaps + tap), big, small);
+    return __float_as_uint(big);
+  } else {
+    const uint16_t* w16 = reinterpret_cast<const uint16_t*>(w);
+    return (uint32_t)w16[(co * kCin + k) * kTaps + tap] | ((uint32_t)w16[(co * kCin + k + 1) * kTaps + tap] << 16);
   }
 }
 
-// C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile.
-template <class T>
-__device__ __forceinline__ void init_acc_with_bias(float (&acc)[T::kMTiles][T::kNTiles][4], const float* bsm,
-                                                   int lane) {
+// wgmma (sm_90a), operands swapped: A = weights (M = the 64 output channels) in registers for the whole kernel,
+// B = the tile's input pixels (N = kTileCols) x kMmaK channels from the slot. One instruction per k-step; Tf32x3
+// adds small(w) * big(x), A from shared memory, and big(w) * small(x), B from the slot's second copy.
+template <class G>
+struct WgmmaMainloop {
+  using Precision = typename G::Precision;
+  using Elem = typename G::Elem;
+  static constexpr bool kSplit = Precision::kCopies == 2;
+  static constexpr int kNBlocks = G::kTileCols / 8;  // n8 blocks of the accumulator
+  using Accum = float[kNBlocks][4];
+  // The tile's columns go to the tensor cores as parts of 128, one commit group each: the epilogue of part 0 runs
+  // while part 1 is still being multiplied.
+  static constexpr int kParts = G::kTileCols / 128;
+  static constexpr int kPartBlocks = kNBlocks / kParts;
+  using Part = float[kPartBlocks][4];
+  static_assert(kParts <= 2 && (!kSplit || kParts == 1), "wgmma_wait_for() and acc_small expect this");
+  // Tf32x3's small weights, K-major core matrices: rows 8m..8m+7, k 4j..4j+3 of k-step ks at byte
+  // ks * kAStepBytes + j * kAKBytes + m * 128.
+  static constexpr int kAKBytes = G::kCout * 16;
+  static constexpr int kAStepBytes = 2 * kAKBytes;
+  static constexpr int kSmemBytes = kSplit ? G::kKSteps * kAStepBytes : 0;
+  static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4 + G::kKSteps * 4;
+  __device__ static Part& part(Accum& acc, int p) { return reinterpret_cast<Part&>(acc[p * kPartBlocks]); }
+  static_assert(G::kCout == 64, "one m64 wgmma covers all output channels");
+
+  uint32_t wa[G::kKSteps][4];
+  float bias_lo, bias_hi;
+  uint64_t small_desc;
+  // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation
+  // loses up to an ulp of the accumulator per instruction, so the big sum gets 18 instructions instead of 54.
+  float acc_small[kSplit ? kNBlocks : 1][4];
+
+  // Warp w holds output channels (rows) 16w + g and 16w + g + 8 at k = t*kElemsPerReg (+ kMmaK/2) of every k-step,
+  // in A-fragment order: register i is row g + 8*(i & 1), k half i >> 1.
+  __device__ WgmmaMainloop(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int nt = 0; nt < T::kNTiles; ++nt) {
-    const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * (lane & 3));
+    for (int ks = 0; ks < G::kKSteps; ++ks) {
+      const int tap = ks / G::kKStepsPerTap;
+      const int k0 = (ks % G::kKStepsPerTap) * G::kMmaK + t * G::kElemsPerReg;
 #pragma unroll
-    for (int mt = 0; mt < T::kMTiles; ++mt) {
-      acc[mt][nt][0] = bb.x;
-      acc[mt][nt][1] = bb.y;
-      acc[mt][nt][2] = bb.x;
-      acc[mt][nt][3] = bb.y;
+      for (int i = 0; i < 4; ++i) {
+        wa[ks][i] = weight_register<Precision>(w, warp * 16 + g + 8 * (i & 1), k0 + (G::kMmaK / 2) * (i >> 1), tap);
+      }
+    }
+    bias_lo = static_cast<float>(b[warp * 16 + g]);
+    bias_hi = static_cast<float>(b[warp * 16 + g + 8]);
+    small_desc = 0;
+    if constexpr (kSplit) {
+      float* a_small = reinterpret_cast<float*>(smem);
+      for (int i = threadIdx.x; i < G::kKSteps * G::kCout * 8; i += G::kThreads) {
+        const int ks = i / (G::kCout * 8), co = (i / 8) % G::kCout, kk = i % 8;
+        const int ci = (ks % G::kKStepsPerTap) * 8 + kk;
+        float big, small;
+        split_tf32(__ldg(w + (co * G::kCin + ci) * G::kTaps + ks / G::kKStepsPerTap), big, small);
+        // A weight that TF32 holds exactly has no small part; a zero there would turn an infinite input into
+        // 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
+        // sign, and adds nothing measurable to finite ones.
+        if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
+        a_small[ks * (kAStepBytes / 4) + (kk / 4) * (kAKBytes / 4) + (co / 8) * 32 + (co % 8) * 4 + kk % 4] = small;
+      }
+      fence_proxy_async();  // published to wgmma by the barrier of the first window fill
+      small_desc = wgmma_desc(smem, kAKBytes, 128);
     }
   }
-}
 
-// Epilogue: min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane
-// of the quad ends with the minima over all kCout channels. Lane t then stores m-tile t: coalesced stores.
-template <class T>
-__device__ __forceinline__ void min_tanh2_store(const float (&acc)[T::kMTiles][T::kNTiles][4], float* out_row,
-                                                int warp_col0, int OW, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  float lo_t = 0.f, hi_t = 0.f;
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int) {
 #pragma unroll
-  for (int mt = 0; mt < T::kMTiles; ++mt) {
-    float lo = nan_min(acc[mt][0][0], acc[mt][0][1]);
-    float hi = nan_min(acc[mt][0][2], acc[mt][0][3]);
-#pragma unroll
-    for (int nt = 1; nt < T::kNTiles; ++nt) {
-      lo = nan_min(lo, nan_min(acc[mt][nt][0], acc[mt][nt][1]));
-      hi = nan_min(hi, nan_min(acc[mt][nt][2], acc[mt][nt][3]));
-    }
-    lo = nan_min(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
-    hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
-    lo = nan_min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
-    hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
-    if (mt == t) {
-      lo_t = lo;
-      hi_t = hi;
-    }
-  }
-  const int col = warp_col0 + t * 16 + g;
-  if (col < OW) out_row[col] = tanh2(lo_t);
-  if (col + 8 < OW) out_row[col + 8] = tanh2(hi_t);
-}
-
-// Persistent. The next input row is prefetched (cp.async) while the current one is computed; a strip change
-// (new image or column block) refills the window synchronously.
-template <class T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    conv3x3_min_tanh2_mma_sync_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                      const float* __restrict__ b, float* __restrict__ out, int H, int W,
-                                      int64_t total_steps) {
-  extern __shared__ __align__(128) float smem[];
-  float* ring = smem;
-  float* wsm = ring + T::kRing * T::kSlotFloats;
-  float* bsm = wsm + T::kWeightFloats;
-  const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
-  const int col_blocks = (OW + T::kTileCols - 1) / T::kTileCols;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool vec16 = (W % 4 == 0) && ((reinterpret_cast<uintptr_t>(x) & 15) == 0);
-  auto slot = [&](int y) { return ring + (y % T::kRing) * T::kSlotFloats; };
-
-  stage_weights<T>(wsm, bsm, w, b);  // published by the barrier of the first window fill
-
-  int64_t s_begin, s_end;
-  cta_step_range(total_steps, s_begin, s_end);
-  StepWalker at(s_begin, OH, col_blocks);
-  for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
-    const int oy = at.oy, col0 = at.cb * T::kTileCols;
-    const float* x_img = x + at.n * T::kCin * ((int64_t)H * W);
-    if (s == s_begin || oy == 0) {
-      for (int r = 0; r < T::kKsize; ++r) load_input_row<T>(slot(oy + r), x_img, oy + r, col0, H, W, vec16);
-      cp_async_wait<0>();
-      for (int r = 0; r < T::kKsize; ++r) round_row<T>(slot(oy + r));
-      __syncthreads();
-    }
-    // Row oy+3 goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
-    const bool prefetch = (s + 1 < s_end) && (oy + 1 < OH);
-    if (prefetch) load_input_row<T>(slot(oy + T::kKsize), x_img, oy + T::kKsize, col0, H, W, vec16);
-
-    const int warp_col = warp * T::kWarpCols;
-    if (col0 + warp_col < OW) {
-      float acc[T::kMTiles][T::kNTiles][4];
-      init_acc_with_bias<T>(acc, bsm, lane);
-      const int lane_offset = (lane & 3) * T::kPitch + warp_col + (lane >> 2);
-      const float* const a_rows[3] = {slot(oy) + lane_offset, slot(oy + 1) + lane_offset, slot(oy + 2) + lane_offset};
-      conv_tile_mma<T>(acc, a_rows, wsm, lane);
-      min_tanh2_store<T>(acc, out + (at.n * OH + oy) * (int64_t)OW, col0 + warp_col, OW, lane);
-    }
-    if (prefetch) {
-      cp_async_wait<0>();
-      round_row<T>(slot(oy + T::kKsize));
-    }
-    __syncthreads();
-  }
-}
-
-// ================================================================ wgmma kernel
-// Producer: starts the copy of input row y into a slot laid out [group][column][4 channels]. Item (group,
-// column) is one 16-byte chunk gathered from 4 channel planes; consecutive threads take consecutive columns, so
-// each of the 4 copies is coalesced across the warp. round_row_grouped() visits the same items per thread.
-template <class T>
-__device__ __forceinline__ void load_row_grouped(float* slot, const float* __restrict__ x_img, int y, int col0, int H,
-                                                 int W) {
-  const int64_t plane = (int64_t)H * W;
-  const float* src_row = x_img + (int64_t)y * W + col0;
-  for (int item = threadIdx.x; item < T::kGroups * T::kInCols; item += T::kThreads) {
-    const int grp = item / T::kInCols, col = item - grp * T::kInCols;
-    const bool valid = col0 + col < W;
-    float* dst = slot + (grp * T::kPitchCols + col) * 4;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) cp_async_4(dst + c, valid ? src_row + (grp * 4 + c) * plane + col : x_img, valid);
-  }
-  cp_async_commit();
-}
-
-template <class T>
-__device__ __forceinline__ void round_row_grouped(float* slot) {
-  for (int item = threadIdx.x; item < T::kGroups * T::kInCols; item += T::kThreads) {
-    const int grp = item / T::kInCols, col = item - grp * T::kInCols;
-    float4* p = reinterpret_cast<float4*>(slot + (grp * T::kPitchCols + col) * 4);
-    *p = round_to_tf32(*p);
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // wgmma reads the slot through the async proxy
-}
-
-// A operand for the whole kernel: warp w holds output channels (rows) 16w + g and 16w + g + 8 at k = t and t + 4
-// of every k-step, in the m16n8k8 A-fragment order a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4).
-template <class T>
-__device__ __forceinline__ void load_weight_fragments(uint32_t (&wa)[T::kKSteps][4], const float* __restrict__ w) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int ks = 0; ks < T::kKSteps; ++ks) {
-    const int tap = ks / (T::kCin / 8), ci = (ks % (T::kCin / 8)) * 8 + t;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int co = warp * 16 + g + 8 * (i & 1);
-      wa[ks][i] = __float_as_uint(round_to_tf32(__ldg(w + (co * T::kCin + ci + 4 * (i >> 1)) * T::kTaps + tap)));
-    }
-  }
-}
-
-// Consumer: 18 back-to-back m64n256k8 into one accumulator, then one wait. B for k-step (kh, kw, cb): the slot of
-// input row oy + kh, channel groups 2cb and 2cb+1 (K-direction core matrices kGroupBytes apart), starting kw
-// columns in (N-direction core matrices 8 columns = 128 bytes apart).
-template <class T>
-__device__ __forceinline__ void conv_row_wgmma(float (&acc)[T::kNBlocks][4], const uint32_t (&wa)[T::kKSteps][4],
-                                               const float* const (&rows)[3]) {
-  uint64_t desc[3];
-#pragma unroll
-  for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], T::kGroupBytes, 128);
-#pragma unroll
-  for (int j = 0; j < T::kNBlocks; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < T::kKSteps; ++ks) {
-    const int tap = ks / (T::kCin / 8), cb = ks % (T::kCin / 8);
-    const uint32_t offset_16b = (2 * cb * T::kGroupBytes + (tap % 3) * 16) >> 4;
-    wgmma_m64n256k8_tf32(acc, wa[ks], desc[tap / 3] + offset_16b);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-#pragma unroll
-  for (int j = 0; j < T::kNBlocks; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
-}
-
-// Epilogue. D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
-// 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
-// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes 2 pixels.
-template <class T>
-__device__ __forceinline__ void min_tanh2_store_wgmma(const float (&acc)[T::kNBlocks][4], float* red, float* out_row,
-                                                      int col0, int OW) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  float* red_row = red + (warp * 4 + (g >> 1)) * T::kRedPitch + 2 * t;
-#pragma unroll
-  for (int j = 0; j < T::kNBlocks; ++j) {
-    float m0 = nan_min(acc[j][0], acc[j][2]);
-    float m1 = nan_min(acc[j][1], acc[j][3]);
-    m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 4));
-    m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
-    if ((j >= T::kNBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
-  }
-  __syncthreads();
-  const int p = 2 * threadIdx.x;
-  float2 v = *reinterpret_cast<const float2*>(red + p);
-#pragma unroll
-  for (int r = 1; r < T::kRedRows; ++r) {
-    const float2 u = *reinterpret_cast<const float2*>(red + r * T::kRedPitch + p);
-    v.x = nan_min(v.x, u.x);
-    v.y = nan_min(v.y, u.y);
-  }
-  if (col0 + p < OW) out_row[col0 + p] = tanh2(v.x);
-  if (col0 + p + 1 < OW) out_row[col0 + p + 1] = tanh2(v.y);
-}
-
-// Persistent. Two rows are prefetched ahead (cp.async groups, one per row); a strip change refills the window
-// synchronously.
-template <class T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    conv3x3_min_tanh2_wgmma_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                   const float* __restrict__ b, float* __restrict__ out, int H, int W,
-                                   int64_t total_steps) {
-#if KB25_HAS_WGMMA
-  extern __shared__ __align__(128) float smem[];
-  float* ring = smem;
-  float* red = ring + T::kRing * T::kSlotFloats;
-  const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
-  const int col_blocks = (OW + T::kTileCols - 1) / T::kTileCols;
-  auto slot = [&](int y) { return ring + (y % T::kRing) * T::kSlotFloats; };
-
-  uint32_t wa[T::kKSteps][4];
-  load_weight_fragments<T>(wa, w);
-  const int co = (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2);
-  const float bias_lo = __ldg(b + co), bias_hi = __ldg(b + co + 8);
-
-  int64_t s_begin, s_end;
-  cta_step_range(total_steps, s_begin, s_end);
-  StepWalker at(s_begin, OH, col_blocks);
-  for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
-    const int oy = at.oy, col0 = at.cb * T::kTileCols;
-    const float* x_img = x + at.n * T::kCin * ((int64_t)H * W);
-    const bool has_next = (s + 1 < s_end) && (oy + 1 < OH);   // step s+1 needs row oy+3
-    const bool has_next2 = (s + 2 < s_end) && (oy + 2 < OH);  // step s+2 needs row oy+4
-    if (s == s_begin || oy == 0) {
-      for (int r = 0; r < T::kKsize; ++r) load_row_grouped<T>(slot(oy + r), x_img, oy + r, col0, H, W);
-      cp_async_wait<0>();
-      for (int r = 0; r < T::kKsize; ++r) round_row_grouped<T>(slot(oy + r));
-      __syncthreads();
-      if (has_next) load_row_grouped<T>(slot(oy + 3), x_img, oy + 3, col0, H, W);
-    }
-    // Row oy+4 goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
-    if (has_next2) load_row_grouped<T>(slot(oy + 4), x_img, oy + 4, col0, H, W);
-
-    float acc[T::kNBlocks][4];
-#pragma unroll
-    for (int j = 0; j < T::kNBlocks; ++j) {
+    for (int j = 0; j < kNBlocks; ++j) {
       acc[j][0] = acc[j][1] = bias_lo;
       acc[j][2] = acc[j][3] = bias_hi;
     }
-    const float* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
-    conv_row_wgmma<T>(acc, wa, rows);
-    min_tanh2_store_wgmma<T>(acc, red, out + (at.n * OH + oy) * (int64_t)OW, col0, OW);
-    if (has_next) {
-      if (has_next2) {
-        cp_async_wait<1>();  // row oy+3 has landed; oy+4 may still be in flight
-      } else {
-        cp_async_wait<0>();
+    uint64_t desc[3];
+#pragma unroll
+    for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], G::kGroupBytes, 128);
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int j = 0; j < kNBlocks; ++j) acc_small[j][0] = acc_small[j][1] = acc_small[j][2] = acc_small[j][3] = 0.f;
+      pin(acc_small);
+    }
+    pin(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) {
+#pragma unroll
+      for (int ks = 0; ks < G::kKSteps; ++ks) {
+        const int tap = ks / G::kKStepsPerTap, kb = ks % G::kKStepsPerTap;
+        // B for k-step (kh, kw, kb) of part p: groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices
+        // kGroupBytes apart), starting 128p + kw columns in (N-direction core matrices 8 columns = 128 bytes apart).
+        const uint64_t b = desc[tap / 3] + ((2 * kb * G::kGroupBytes + (128 * p + tap % 3) * 16) >> 4);
+        if constexpr (kSplit) {
+          wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
+          wgmma_async(acc_small, wa[ks], b + (G::kCopyBytes >> 4), Operand<float>{});
+        }
+        wgmma_async(part(acc, p), wa[ks], b, Operand<Elem>{});
       }
-      round_row_grouped<T>(slot(oy + 3));
+      wgmma_commit();
+    }
+  }
+  // Part p's products have landed in acc.
+  __device__ void finish(Accum& acc, int p) {
+    wgmma_wait_for(kParts - 1 - p);
+    pin(acc);
+    if constexpr (kSplit) {
+      pin(acc_small);
+#pragma unroll
+      for (int j = 0; j < kNBlocks; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
+    }
+  }
+  __device__ static void pin(Accum& acc) {
+#pragma unroll
+    for (int j = 0; j < kNBlocks; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
+  }
+};
+
+// mma.sync m16n8k8 (any sm_80+ GPU), TF32 only. Each warp: 64 pixels (4 m16 tiles) x all kCout channels (kCout/8
+// n8 tiles), so the min over channels stays in registers. A (pixels x channels) from the slot, B (weights) from
+// shared memory, staged once per CTA in the order the MMA reads them.
+template <class G>
+struct MmaSyncMainloop {
+  static_assert(std::is_same<typename G::Precision, Tf32RoundNearest>::value, "mma.sync runs TF32 only");
+  static constexpr int kWarpCols = G::kTileCols / 4;
+  static constexpr int kMTiles = kWarpCols / 16;
+  static constexpr int kNTiles = G::kCout / 8;
+  using Accum = float[kMTiles][kNTiles][4];
+  static constexpr int kParts = 1;
+  static constexpr int kWeightFloats = G::kKSteps * 32 * kNTiles * 2;
+  static constexpr int kSmemBytes = (kWeightFloats + G::kCout) * 4;
+  static constexpr int kRegisters = kMTiles * kNTiles * 4 + kNTiles * 2;
+  static_assert(G::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
+  static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
+
+  const float* wsm;
+  const float* bsm;
+
+  // float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment
+  // element b[e&1] of n-tile 2q + e/2, i.e. B[k = t + 4*(e&1)][n = g]: one conflict-free 16-byte load per pair.
+  __device__ MmaSyncMainloop(unsigned char* smem, const float* __restrict__ w, const float* __restrict__ b)
+      : wsm(reinterpret_cast<float*>(smem)), bsm(reinterpret_cast<float*>(smem) + kWeightFloats) {
+    float* wdst = reinterpret_cast<float*>(smem);
+    for (int i = threadIdx.x; i < kWeightFloats; i += G::kThreads) {
+      const int e = i & 3, lane = (i >> 2) & 31;
+      const int q = (i >> 7) % (kNTiles / 2);
+      const int ks = (i >> 7) / (kNTiles / 2);
+      const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
+      const int ci = (ks % G::kKStepsPerTap) * 8 + (lane & 3) + 4 * (e & 1);
+      wdst[i] = round_to_tf32(w[(co * G::kCin + ci) * G::kTaps + ks / G::kKStepsPerTap]);
+    }
+    for (int i = threadIdx.x; i < G::kCout; i += G::kThreads) wdst[kWeightFloats + i] = b[i];
+  }
+
+  // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile. A fragment
+  // (m16n8k8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]; channel t + 4 is the next group.
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW) {
+    const int lane = threadIdx.x & 31, warp_col = (threadIdx.x >> 5) * kWarpCols;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * (lane & 3));
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        acc[mt][nt][0] = acc[mt][nt][2] = bb.x;
+        acc[mt][nt][1] = acc[mt][nt][3] = bb.y;
+      }
+    }
+    if (col0 + warp_col >= OW) return;  // this warp's pixels are all past the edge
+    const int lane_offset = (warp_col + (lane >> 2)) * 4 + (lane & 3);
+#pragma unroll
+    for (int ks = 0; ks < G::kKSteps; ++ks) {
+      const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (kNTiles / 2) * 32 + lane;
+      float4 bq[kNTiles / 2];
+#pragma unroll
+      for (int q = 0; q < kNTiles / 2; ++q) bq[q] = wq[q * 32];
+      const int tap = ks / G::kKStepsPerTap, kb = ks % G::kKStepsPerTap;
+      const float* a_ptr = reinterpret_cast<const float*>(rows[tap / 3] + 2 * kb * G::kGroupBytes) + lane_offset +
+                           (tap % 3) * 4;
+      constexpr int kNextGroup = G::kGroupBytes / 4;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const uint32_t a[4] = {__float_as_uint(a_ptr[mt * 64]), __float_as_uint(a_ptr[mt * 64 + 32]),
+                               __float_as_uint(a_ptr[mt * 64 + kNextGroup]),
+                               __float_as_uint(a_ptr[mt * 64 + 32 + kNextGroup])};
+#pragma unroll
+        for (int q = 0; q < kNTiles / 2; ++q) {
+          mma_m16n8k8_tf32(acc[mt][2 * q], a, bq[q].x, bq[q].y);
+          mma_m16n8k8_tf32(acc[mt][2 * q + 1], a, bq[q].z, bq[q].w);
+        }
+      }
+    }
+  }
+  __device__ void finish(Accum&, int) {}
+};
+
+// ================================================================ epilogues
+// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
+
+// wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
+// 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
+// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes kTileCols / kThreads pixels.
+// Part by part (WgmmaMainloop::kParts), each with its own reduction buffer, so part 1's partial minima never
+// overwrite part 0's while slower threads still read them.
+template <class G>
+struct WgmmaEpilogue {
+  using Mainloop = WgmmaMainloop<G>;
+  static constexpr int kPartCols = G::kTileCols / Mainloop::kParts;
+  static constexpr int kPartBlocks = Mainloop::kPartBlocks;
+  static constexpr int kRedRows = 16;
+  static constexpr int kRedPitch = kPartCols + 8;  // rows 8 words apart: 2-way conflicts at most
+  static constexpr int kSmemBytes = Mainloop::kParts * kRedRows * kRedPitch * 4;
+  float* const red;
+  __device__ explicit WgmmaEpilogue(unsigned char* smem) : red(reinterpret_cast<float*>(smem)) {}
+
+  __device__ void store(const typename Mainloop::Accum& acc, int part, typename G::Elem* out_row, int col0, int OW) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    float* const red_part = red + part * kRedRows * kRedPitch;
+    float* red_row = red_part + (warp * 4 + (g >> 1)) * kRedPitch + 2 * t;
+#pragma unroll
+    for (int j = 0; j < kPartBlocks; ++j) {
+      const float(&a)[4] = acc[part * kPartBlocks + j];
+      float m0 = nan_min(a[0], a[2]);
+      float m1 = nan_min(a[1], a[3]);
+      m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 4));
+      m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
+      if ((j >= kPartBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
     }
     __syncthreads();
+    const int part_col0 = col0 + part * kPartCols;
+#pragma unroll
+    for (int p = threadIdx.x; p < kPartCols; p += G::kThreads) {
+      float v = red_part[p];
+#pragma unroll
+      for (int r = 1; r < kRedRows; ++r) v = nan_min(v, red_part[r * kRedPitch + p]);
+      if (part_col0 + p < OW) out_row[part_col0 + p] = static_cast<typename G::Elem>(tanh2(v));
+    }
   }
-#endif
+};
+
+// mma.sync: min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane
+// of the quad ends with the minima over all kCout channels. Lane t then stores m-tile t: coalesced stores.
+template <class G>
+struct MmaSyncEpilogue {
+  using Mainloop = MmaSyncMainloop<G>;
+  static constexpr int kSmemBytes = 0;
+  __device__ explicit MmaSyncEpilogue(unsigned char*) {}
+
+  __device__ void store(const typename Mainloop::Accum& acc, int, float* out_row, int col0, int OW) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    float lo_t = 0.f, hi_t = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < Mainloop::kMTiles; ++mt) {
+      float lo = nan_min(acc[mt][0][0], acc[mt][0][1]);
+      float hi = nan_min(acc[mt][0][2], acc[mt][0][3]);
+#pragma unroll
+      for (int nt = 1; nt < Mainloop::kNTiles; ++nt) {
+        lo = nan_min(lo, nan_min(acc[mt][nt][0], acc[mt][nt][1]));
+        hi = nan_min(hi, nan_min(acc[mt][nt][2], acc[mt][nt][3]));
+      }
+      lo = nan_min(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+      hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+      lo = nan_min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
+      hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
+      if (mt == t) {
+        lo_t = lo;
+        hi_t = hi;
+      }
+    }
+    const int col = col0 + (threadIdx.x >> 5) * Mainloop::kWarpCols + t * 16 + g;
+    if (col < OW) out_row[col] = tanh2(lo_t);
+    if (col + 8 < OW) out_row[col + 8] = tanh2(hi_t);
+  }
+};
+
+// ================================================================ traits: one per (arch, precision)
+enum class MmaKind { kMmaSync, kWgmma };
+
+template <MmaKind kMma, class Precision, int kTileCols, int kLead>
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kLead> {
+  using Geometry = ConvGeometry<Precision, kTileCols, kLead>;
+  static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
+  using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
+  using Epilogue = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Geometry>, MmaSyncEpilogue<Geometry>>;
+  using Producer = std::conditional_t<sizeof(typename Geometry::Elem) == 4, CpAsyncProducer<Geometry>,
+                                      StagedTransposeProducer<Geometry>>;
+  static constexpr int kRing = Producer::kRingSlots;
+  static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
+  static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM: one computes while the other loads or reduces
+  static constexpr int kSmemBytes = kRingBytes + Mainloop::kSmemBytes + Epilogue::kSmemBytes + Producer::kSmemBytes;
+  static_assert(kSmemBytes + 1024 <= kSmemPerSm / kMinBlocksPerSm, "shared memory: two CTAs per sm_90 SM");
+  // What the design keeps live across the main loop (accumulators, register weights, staged loads), plus about 24
+  // for addresses and loop state, within the registers of kMinBlocksPerSm CTAs; ptxas reports the real count and a
+  // CPU test requires no spills.
+  static constexpr int kLiveRegisters = Mainloop::kRegisters + Producer::kRegisters;
+  static_assert(kLiveRegisters + 24 <= 255 && kLiveRegisters + 24 <= 65536 / (kMinBlocksPerSm * Geometry::kThreads),
+                "register budget");
+};
+
+// The instantiations: (arch, precision) -> tile columns and producer lead.
+using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 1>;  // two operand copies: half the tile
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 3>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 3>;
+
+// ================================================================ the kernel
+// Persistent: each CTA walks its range of steps. A strip change (new image or column block) refills the 3-row
+// window; otherwise the producer starts row oy+2+kLead, the mainloop issues row oy's MMAs, the producer completes
+// row oy+3 while they run, and the epilogue reduces and stores.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
+    conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
+                             const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
+                             int H, int W, int64_t total_steps) {
+  if constexpr (!Traits::kUsesWgmma || kHasWgmma) {
+    using Elem = typename Traits::Elem;
+    extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* const ring = smem;
+    typename Traits::Mainloop mainloop(smem + Traits::kRingBytes, w, b);  // published by the first fill's barrier
+    typename Traits::Epilogue epilogue(smem + Traits::kRingBytes + Traits::Mainloop::kSmemBytes);
+    typename Traits::Producer producer(
+        smem + Traits::kRingBytes + Traits::Mainloop::kSmemBytes + Traits::Epilogue::kSmemBytes, x, H, W);
+    const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+    const int col_blocks = (OW + Traits::kTileCols - 1) / Traits::kTileCols;
+    auto slot = [&](int y) { return ring + (y % Traits::kRing) * Traits::kSlotBytes; };
+
+    int64_t s_begin, s_end;
+    cta_step_range(total_steps, s_begin, s_end);
+    StepWalker at(s_begin, OH, col_blocks);
+    for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
+      const int oy = at.oy, col0 = at.cb * Traits::kTileCols;
+      const Elem* x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
+      // Row oy + r is needed when step s + r - 2 exists in this CTA's range and strip.
+      auto needed = [&](int r) { return s + r - 2 < s_end && oy + r - 2 < OH; };
+      if (s == s_begin || oy == 0) {
+        for (int r = 0; r < Traits::kKsize; ++r) {
+          producer.issue(true, slot(oy + r), x_img, oy + r, col0);
+          producer.complete_now(slot(oy + r), oy + r);
+        }
+        __syncthreads();
+        for (int r = Traits::kKsize; r < Traits::kKsize + Traits::kLead - 1; ++r)
+          producer.issue(needed(r), slot(oy + r), x_img, oy + r, col0);
+      }
+      // Row oy+2+kLead goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
+      const int ahead = Traits::kKsize - 1 + Traits::kLead;
+      producer.issue(needed(ahead), slot(oy + ahead), x_img, oy + ahead, col0);
+
+      typename Traits::Mainloop::Accum acc;
+      unsigned char* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
+      mainloop.start(acc, rows, col0, OW);
+      if (needed(Traits::kKsize)) producer.complete(slot(oy + Traits::kKsize), oy + Traits::kKsize);
+      Elem* const out_row = out + (at.n * OH + oy) * (int64_t)OW;
+#pragma unroll
+      for (int p = 0; p < Traits::Mainloop::kParts; ++p) {
+        mainloop.finish(acc, p);
+        epilogue.store(acc, p, out_row, col0, OW);
+      }
+      __syncthreads();
+    }
+  }
 }
 
 // ================================================================ epilogue after a library conv
@@ -657,38 +872,50 @@ __global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restr
 }  // namespace kb25
 
 // ================================================================ launchers (raw pointers, current stream)
-template <class T, class Kernel>
-static cudaError_t launch_persistent(Kernel kernel, const float* x, const float* w, const float* b, float* out,
-                                     int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
-  const int OH = H - (T::kKsize - 1), OW = W - (T::kKsize - 1);
-  const int64_t steps = N * ((OW + T::kTileCols - 1) / T::kTileCols) * OH;
+template <class Traits>
+static cudaError_t launch_fused(const void* x, const void* w, const void* b, void* out, int64_t N, int H, int W,
+                                int num_sms, cudaStream_t stream) {
+  using Elem = typename Traits::Elem;
+  const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+  const int64_t steps = N * ((OW + Traits::kTileCols - 1) / Traits::kTileCols) * OH;
   if (steps <= 0) return cudaSuccess;
+  const auto kernel = kb25::conv3x3_min_tanh2_kernel<Traits>;
   // Opting in to more than 48 KB of shared memory is per device and sticks: do it once per device and kernel.
   static bool smem_opted_in[64] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= 64 || !smem_opted_in[device]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)T::kSmemBytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
     if (device < 64) smem_opted_in[device] = true;
   }
-  const int64_t resident = (int64_t)num_sms * T::kMinBlocksPerSm;
+  const int64_t resident = (int64_t)num_sms * Traits::kMinBlocksPerSm;
   const int grid = (int)(steps < resident ? steps : resident);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(x, w, b, out, H, W, steps);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
+      static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      H, W, steps);
   return cudaGetLastError();
 }
 
-// use_wgmma: the caller has checked that the device is sm_90 and this code was built for sm_90a.
-extern "C" cudaError_t launch_conv3x3_min_tanh2_tf32(const float* x, const float* w, const float* b, float* out,
-                                                     int64_t N, int H, int W, bool use_wgmma, int num_sms,
-                                                     cudaStream_t stream) {
-  using Wg = kb25::WgmmaTraits<KB25_FUSED_CIN, KB25_FUSED_COUT>;
-  using Ms = kb25::MmaSyncTraits<KB25_FUSED_CIN, KB25_FUSED_COUT>;
-  if (use_wgmma) {
-    return launch_persistent<Wg>(kb25::conv3x3_min_tanh2_wgmma_kernel<Wg>, x, w, b, out, N, H, W, num_sms, stream);
+// The caller has picked a kernel its device runs (the sm90 ones need sm_90 and code built for sm_90a).
+extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
+                                                      void* out, int64_t N, int H, int W, int num_sms,
+                                                      cudaStream_t stream) {
+  switch (kernel) {
+    case kb25::kFusedSm80Tf32:
+      return launch_fused<kb25::Sm80Tf32>(x, w, b, out, N, H, W, num_sms, stream);
+    case kb25::kFusedSm90Tf32:
+      return launch_fused<kb25::Sm90Tf32>(x, w, b, out, N, H, W, num_sms, stream);
+    case kb25::kFusedSm90Tf32x3:
+      return launch_fused<kb25::Sm90Tf32x3>(x, w, b, out, N, H, W, num_sms, stream);
+    case kb25::kFusedSm90Bf16:
+      return launch_fused<kb25::Sm90Bf16>(x, w, b, out, N, H, W, num_sms, stream);
+    case kb25::kFusedSm90Fp16:
+      return launch_fused<kb25::Sm90Fp16>(x, w, b, out, N, H, W, num_sms, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return launch_persistent<Ms>(kb25::conv3x3_min_tanh2_mma_sync_kernel<Ms>, x, w, b, out, N, H, W, num_sms, stream);
 }
 
 template <class Elem>
@@ -730,19 +957,37 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 }
 """
 
-def _wgmma_m64n256k8_source():
-    """The m64n256k8 wrapper: 128 accumulator operands are written out here rather than by hand."""
-    d_regs = ", ".join(f"%{i}" for i in range(128))
-    d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(128))
-    return f"""// D(64 x 256) += A(64 x 8, registers: this warp's 16 rows) * B(8 x 256, shared memory, K-major).
-__device__ __forceinline__ void wgmma_m64n256k8_tf32(float (&d)[32][4], const uint32_t (&a)[4], uint64_t desc_b) {{
+# wgmma shapes the instantiations use: (N, operand type, PTX type, A from shared memory).
+_WGMMA_FORMS = ((128, "float", "tf32", False), (128, "float", "tf32", True), (128, "__nv_bfloat16", "bf16", False),
+                (128, "__half", "f16", False))
+
+
+def _wgmma_wrappers():
+    """wgmma.mma_async wrappers, one per form in _WGMMA_FORMS: their N/2 accumulator operands are written out here
+    rather than by hand. D(64 x N) += A(64 x k: registers, this warp's 16 rows, or a descriptor) * B(k x N, a
+    K-major descriptor)."""
+    out = []
+    for n, elem, ptx, a_smem in _WGMMA_FORMS:
+        regs = n // 2
+        k = 8 if ptx == "tf32" else 16
+        d_regs = ", ".join(f"%{i}" for i in range(regs))
+        d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
+        if a_smem:
+            a_param, a_text, a_ops, b_at = "uint64_t desc_a", f"%{regs}", '"l"(desc_a)', regs + 1
+        else:
+            a_param = "const uint32_t (&a)[4]"
+            a_text = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+            a_ops, b_at = ", ".join(f'"r"(a[{i}])' for i in range(4)), regs + 4
+        tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0"  # scale-d, scale-a, scale-b(, B not transposed)
+        out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], {a_param}, uint64_t desc_b,
+                                            Operand<{elem}>) {{
 #if KB25_HAS_WGMMA
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {{{d_regs}}}, {{%128, %129, %130, %131}}, %132, 1, 1, 1;\\n"
-      : {d_ops}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, {a_text}, %{b_at}, {tail};\\n"
+               : {d_ops}
+               : {a_ops}, "l"(desc_b));
 #endif
-}}"""
+}}""")
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------------------ C++ op
@@ -797,9 +1042,25 @@ bool conv_runs_in_tf32() {
   return ctx.userEnabledCuDNN() && ctx.allowTF32CuDNN(at::Float32Op::CONV);
 }
 
-bool fused_supports(const at::Tensor& x, const at::Tensor& weight) {
-  return x.dim() == 4 && x.scalar_type() == at::kFloat && weight.size(0) == KB25_FUSED_COUT &&
-         weight.size(1) == KB25_FUSED_CIN && weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
+bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
+  return x.dim() == 4 && weight.size(0) == KB25_FUSED_COUT && weight.size(1) == KB25_FUSED_CIN &&
+         weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
+}
+
+// The fused kernel that computes this call as the reference would, or -1. float32 follows the reference conv's
+// precision: TF32 when it would run in TF32, else strict fp32 (3xTF32). Strict fp32, bfloat16 and float16 are
+// wgmma kernels (sm_90); mma.sync runs TF32 only.
+int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  if (!fused_shape(x, weight)) return -1;
+  const bool wgmma = !mma_sync_only && wgmma_available_on(x.get_device());
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      if (conv_runs_in_tf32()) return wgmma ? kb25::kFusedSm90Tf32 : kb25::kFusedSm80Tf32;
+      return wgmma ? kb25::kFusedSm90Tf32x3 : -1;
+    case at::kBFloat16: return wgmma ? kb25::kFusedSm90Bf16 : -1;
+    case at::kHalf: return wgmma ? kb25::kFusedSm90Fp16 : -1;
+    default: return -1;
+  }
 }
 
 }  // namespace
@@ -833,29 +1094,41 @@ int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t r
   TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
   if (requested == kb25::kBackendAuto) {
-    return fused_supports(x, weight) && conv_runs_in_tf32() ? kb25::kBackendFused : kb25::kBackendCudnnEpilogue;
+    return fused_kernel_for(x, weight, false) >= 0 ? kb25::kBackendFused : kb25::kBackendCudnnEpilogue;
   }
   if (requested == kb25::kBackendFused || requested == kb25::kBackendFusedMmaSync) {
-    TORCH_CHECK_VALUE(fused_supports(x, weight),
-                      "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) +
-                          "' needs a 4-D float32 input and a " + num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) +
-                          " " + num(KB25_FUSED_KSIZE) + "x" + num(KB25_FUSED_KSIZE) + " conv, got a " +
-                          num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input and weight " +
-                          shape_str(weight.sizes()));
+    const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
+    TORCH_CHECK_VALUE(
+        fused_kernel_for(x, weight, mma_sync) >= 0,
+        "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
+            num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
+            num(KB25_FUSED_KSIZE) +
+            (mma_sync ? std::string(" conv in float32 with TF32 convs allowed")
+                      : std::string(" conv in float32 with TF32 convs allowed, or on sm_90 float32 (strict), "
+                                    "bfloat16 or float16")) +
+            "; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
+            shape_str(weight.sizes()) + ", TF32 convs " + (conv_runs_in_tf32() ? "allowed" : "not allowed") +
+            (wgmma_available_on(x.get_device()) ? ", on sm_90" : ", not on sm_90"));
   }
   return requested;
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, TF32 operands rounded to nearest.
-at::Tensor fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                   bool use_wgmma) {
+// Which fused kernel a call with this backend runs: its index in FUSED_KERNELS, or -1 when none does.
+int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t backend) {
+  const int64_t chosen = resolve_backend(x, weight, backend);
+  if (chosen == kb25::kBackendCudnnEpilogue) return -1;
+  return fused_kernel_for(x, weight, chosen == kb25::kBackendFusedMmaSync);
+}
+
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x.
+at::Tensor fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int kernel) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   at::Tensor out = at::empty({N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)}, xc.options());
-  const cudaError_t err = launch_conv3x3_min_tanh2_tf32(
-      xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(), N, (int)H, (int)W,
-      use_wgmma, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = launch_fused_conv3x3_min_tanh2(
+      kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), N, (int)H, (int)W,
+      at::cuda::getCurrentDeviceProperties()->multiProcessorCount, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
   return out;
 }
@@ -883,19 +1156,19 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t chosen = resolve_backend(x, weight, backend);
   if (chosen == kb25::kBackendCudnnEpilogue) return cudnn_conv_then_epilogue(x, weight, bias);
-  return fused_conv3x3_min_tanh2(x, weight, bias, chosen == kb25::kBackendFused && wgmma_available_on(x.get_device()));
+  return fused_conv3x3_min_tanh2(x, weight, bias, fused_kernel_for(x, weight, chosen == kb25::kBackendFusedMmaSync));
 }
 
 TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) { m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2)); }
 """
 
-EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "wgmma_available"]
+EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "fused_kernel", "wgmma_available"]
 
 
 def cuda_source():
     """The complete CUDA translation unit (no torch headers: plain nvcc compiles it)."""
     src = CUDA_SOURCE.replace("@SHARED_DECLARATIONS@", _shared_declarations())
-    return src.replace("@WGMMA_M64N256K8@", _wgmma_m64n256k8_source())
+    return src.replace("@WGMMA_WRAPPERS@", _wgmma_wrappers())
 
 
 def cpp_source():
@@ -1083,6 +1356,13 @@ class ModelNew(nn.Module):
         if self._op_backend is None or x.device.type != "cuda":
             return self._backend if self._op_backend is None else "torch"
         return OP_BACKENDS[_ext.resolve_backend(x, self.conv.weight, self._op_backend)]
+
+    def fused_kernel(self, x):
+        """Which fused kernel (a name in FUSED_KERNELS) this input runs on, or None when no fused kernel does."""
+        if self._op_backend is None or x.device.type != "cuda":
+            return None
+        code = _ext.fused_kernel(x, self.conv.weight, self._op_backend)
+        return FUSED_KERNELS[code] if code >= 0 else None
 
     def forward(self, x):
         # The live parameter dict, read directly: nn.Module.__getattr__ costs about 0.6 us a lookup, three per call

@@ -24,6 +24,16 @@ OP = model_new.conv_min_tanh2
 AUTO = model_new.OP_BACKENDS.index("auto")
 
 
+# Precisions of the model: (torch.backends.cudnn.allow_tf32, dtype). "tf32" is PyTorch's default for float32.
+MODES = {"tf32": (True, torch.float32), "strict_fp32": (False, torch.float32), "bf16": (True, torch.bfloat16),
+         "fp16": (True, torch.float16)}
+# The fused kernel of each mode on an sm_90 GPU.
+SM90_KERNELS = {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}
+# Every CUDA backend in PyTorch's default precision, and the fused backend in each other precision.
+CASES = [(b, "tf32") for b in CUDA_BACKENDS] + [("fused", m) for m in ("strict_fp32", "bf16", "fp16")]
+CASE_IDS = [f"{b}-{m}" for b, m in CASES]
+
+
 @pytest.fixture
 def tf32_default():
     """Run with PyTorch's default conv precision (TF32) and restore whatever was set before."""
@@ -336,17 +346,25 @@ def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
     assert "warning" not in report.lower(), report
     blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
     kernels = {b.split("'")[1]: b for b in blocks}
-    fused = {kind: [b for k, b in kernels.items() if f"conv3x3_min_tanh2_{kind}_kernel" in k]
-             for kind in ("mma_sync", "wgmma")}
-    assert all(len(v) == 1 for v in fused.values()), list(kernels)
+    fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
+    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(kernels)  # each (arch, precision), once
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
     for name, block in kernels.items():
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
-    # The wgmma kernel's design: its 64x256 fp32 accumulator (128 per thread) and its weight fragments (18 k-steps
-    # x 4) stay in registers for the whole kernel.
-    wgmma_regs = int(re.search(r"Used (\d+) registers", fused["wgmma"][0]).group(1))
-    assert wgmma_regs >= 64 * 256 // 128 + 18 * 4, fused["wgmma"][0]
+    # The wgmma design: the fp32 accumulator (64 x tile columns / 128 threads) and the weight fragments (k-steps x 4
+    # registers) stay in registers for the whole kernel.
+    regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
+    for kernel, acc, weights in (("sm90_tf32", 128, 18 * 4), ("sm90_tf32x3", 64, 18 * 4), ("sm90_bf16", 128, 9 * 4),
+                                 ("sm90_fp16", 128, 9 * 4)):
+        assert regs[kernel] >= acc + weights, (kernel, fused[kernel])
+
+
+def _instantiation(mangled):
+    """FUSED_KERNELS name of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision, ...>>."""
+    arch = {"MmaKindE0": "sm80", "MmaKindE1": "sm90"}[re.search(r"MmaKindE\d", mangled).group(0)]
+    precision = re.search(r"(Tf32RoundNearest|Tf32x3|Bf16|Fp16)", mangled).group(1)
+    return arch + "_" + {"Tf32RoundNearest": "tf32", "Tf32x3": "tf32x3", "Bf16": "bf16", "Fp16": "fp16"}[precision]
 
 
 def test_cuda_source_has_no_torch_headers():
@@ -445,7 +463,20 @@ def _cuda_models(seed=0, **kw):
     return make_models(seed, device="cuda", **kw)
 
 
-def _check_output(got, want, x, ref, backend):
+def _mode_models(seed, backend, mode):
+    """Reference and ModelNew in `mode` (dtype set, the TF32 flag set for the caller's test; tf32_default restores
+    it), and the input dtype. The fused backend must actually run that mode's kernel where sm_90 is present."""
+    allow_tf32, dtype = MODES[mode]
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    ref, new = (m.to(dtype) for m in _cuda_models(seed, backend=backend))
+    if mode != "tf32" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the fused {mode} kernel needs sm_90")
+    if backend == "fused" and torch.cuda.get_device_capability() == (9, 0):
+        assert new.fused_kernel(torch.empty(1, 16, 3, 3, device="cuda", dtype=dtype)) == SM90_KERNELS[mode]
+    return ref, new, dtype
+
+
+def _check_output(got, want, x, ref, backend, mode="tf32"):
     """cudnn_epilogue runs the reference's own cuDNN conv, so it must match the reference at 1e-4 everywhere.
     The fused kernels compute a TF32 conv with round-to-nearest operands. cuDNN runs the reference in TF32 at the
     problem size (test_full_size_matches_reference insists on it), but for some small shapes it picks a
@@ -455,6 +486,11 @@ def _check_output(got, want, x, ref, backend):
     if backend == "cudnn_epilogue":
         ok, diff = compare(got, want)
         assert ok, f"cudnn_epilogue: max abs diff {diff} vs the reference"
+        return
+    if mode != "tf32":  # strict fp32 at 1e-5 of the strict reference; bf16 / fp16 at KernelBench's 1e-2
+        tol = harness.STRICT_ATOL if mode == "strict_fp32" else LOW_PRECISION_TOL
+        ok, diff = compare(got, want, atol=tol, rtol=tol)
+        assert ok, f"{backend} {mode}: max abs diff {diff} vs the reference"
         return
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
     emulated = harness.float64_forward(x, w, b, operands=harness.round_tf32).float()
@@ -480,28 +516,41 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
     assert new.resolve_backend(x) == "fused"
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert model_new.fused_mma_kind() == ("wgmma" if hopper else "mma_sync")
+    assert new.fused_kernel(x) == ("sm90_tf32" if hopper else "sm80_tf32")
     assert new.resolve_backend(x[0]) == "cudnn_epilogue"  # unbatched: the min runs over rows
+    assert new.fused_kernel(x[0]) is None
+    strict = "fused" if hopper else "cudnn_epilogue"  # strict fp32 (3xTF32) is a wgmma kernel
     torch.backends.cudnn.allow_tf32 = False
-    assert new.resolve_backend(x) == "cudnn_epilogue"
+    assert new.resolve_backend(x) == strict
+    assert new.fused_kernel(x) == ("sm90_tf32x3" if hopper else None)
+    new.backend = "fused_mma_sync"  # TF32 only: refuses rather than run a lower precision than asked
+    with pytest.raises(ValueError, match=r"backend 'fused_mma_sync' needs .* TF32 convs allowed; got .* not allowed"):
+        new(x)
+    new.backend = "auto"
     torch.backends.cudnn.allow_tf32 = True
     saved_enabled = torch.backends.cudnn.enabled
     torch.backends.cudnn.enabled = False  # the native conv runs in plain fp32
-    assert new.resolve_backend(x) == "cudnn_epilogue"
+    assert new.resolve_backend(x) == strict
     torch.backends.cudnn.enabled = saved_enabled
     conv_settings = getattr(torch.backends.cudnn, "conv", None)
     if conv_settings is not None and hasattr(conv_settings, "fp32_precision"):
         saved = conv_settings.fp32_precision
         conv_settings.fp32_precision = "ieee"
-        assert new.resolve_backend(x) == "cudnn_epilogue"
+        assert new.fused_kernel(x) == ("sm90_tf32x3" if hopper else None)
         conv_settings.fp32_precision = saved
     assert new.resolve_backend(x) == "fused"
-    for dtype in (torch.float64, *LOW_PRECISION):
+    for dtype, mode in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         new.to(dtype)
-        assert new.resolve_backend(x.to(dtype)) == "cudnn_epilogue"
-        new.backend = "fused"
-        with pytest.raises(ValueError, match=r"backend 'fused' needs a 4-D float32 input"):
-            new(x.to(dtype))
-        new.backend = "auto"
+        assert new.resolve_backend(x.to(dtype)) == ("fused" if hopper else "cudnn_epilogue")
+        assert new.fused_kernel(x.to(dtype)) == (SM90_KERNELS[mode] if hopper else None)
+    new.double()
+    assert new.resolve_backend(x.double()) == "cudnn_epilogue"
+    for backend in ("fused", "fused_mma_sync"):
+        new.backend = backend
+        with pytest.raises(ValueError, match=rf"backend '{backend}' needs a 4-D input and a 16->64 3x3 conv in "
+                                             r"float32 .*; got a 4-D torch\.float64 input, weight \[64, 16, 3, 3\]"):
+            new(x.double())
+    new.backend = "auto"
     _, other = _cuda_models(0, init_inputs=[16, 32, 3])
     assert other.resolve_backend(x) == "cudnn_epilogue"
 
@@ -535,25 +584,34 @@ def test_full_size_matches_reference(seed, tf32_default):
     assert torch.equal(_run(new, x), outputs["fused"])  # auto picks fused under the default settings
 
 
+# mode -> (tolerance vs the reference in that precision, bound on the error vs float64 in units of the reference's)
+FULL_SIZE_BARS = {"strict_fp32": (harness.STRICT_ATOL, 2.0), "bf16": (LOW_PRECISION_TOL, 1.0),
+                  "fp16": (LOW_PRECISION_TOL, 1.0)}
+
+
 @needs_cuda
-@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
-def test_low_precision_full_size(dtype):
-    """A model converted with .to(dtype) takes that dtype and returns it, within KernelBench's 1e-2 of the
-    reference in the same dtype, and no further from the float64 truth than the reference itself."""
-    ref, new = _cuda_models(30)
-    ref, new = ref.to(dtype), new.to(dtype)
-    assert new.resolve_backend(torch.empty(1, 16, 3, 3, device="cuda", dtype=dtype)) == "cudnn_epilogue"
-    for seed in range(2):
-        x = make_input(FULL_SHAPE, seed=2000 + seed, device="cuda").to(dtype)
-        want = _run(ref, x)
-        harness.poison_cuda_allocator(want.numel() * 2)
-        got = _run(new, x)
-        assert got.dtype == dtype and got.shape == want.shape
-        ok, diff = compare(got, want, atol=LOW_PRECISION_TOL, rtol=LOW_PRECISION_TOL)
-        assert ok, f"max abs diff {diff} vs the {dtype} reference"
-        truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
-        err, ref_err = harness.max_abs_error(got, truth), harness.max_abs_error(want, truth)
-        assert err <= ref_err, f"error vs float64 {err} > the reference's own {ref_err}"
+@pytest.mark.parametrize("mode", list(FULL_SIZE_BARS))
+def test_other_precisions_full_size(mode, tf32_default):
+    """The full problem in strict fp32 (TF32 off), bf16 and fp16 (a model converted with .to(dtype)), fresh inputs
+    per seed: the output has the reference's dtype, is within 1e-5 (strict) or KernelBench's 1e-2 of the
+    reference in that precision, and is no further from the float64 truth than 2x (strict) or 1x the reference's
+    own error. Both backends: the fused kernel and cuDNN + epilogue (which must match the reference at the same
+    tolerance)."""
+    tol, bound = FULL_SIZE_BARS[mode]
+    for backend in ("fused", "cudnn_epilogue"):
+        ref, new, dtype = _mode_models(30, backend, mode)
+        for seed in range(2):
+            x = make_input(FULL_SHAPE, seed=2000 + seed, device="cuda").to(dtype)
+            want = _run(ref, x)
+            harness.poison_cuda_allocator(want.numel() * 4)
+            got = _run(new, x)
+            assert got.dtype == dtype and got.shape == want.shape
+            ok, diff = compare(got, want, atol=tol, rtol=tol)
+            assert ok, f"{backend} {mode}: max abs diff {diff} vs the reference"
+            truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
+            err, ref_err = harness.max_abs_error(got, truth), harness.max_abs_error(want, truth)
+            assert err <= bound * ref_err, f"{backend} {mode}: error vs float64 {err} > {bound} x the reference's {ref_err}"
+            del x, want, got, truth
 
 
 @needs_cuda
@@ -581,20 +639,6 @@ def test_unbatched_input_on_gpu(dtype, tf32_default):
         assert ok, f"{shape}: max abs diff {diff}"
 
 
-@needs_cuda
-def test_strict_fp32_matches_strict_reference():
-    saved = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        ref, new = _cuda_models(3)
-        assert new.resolve_backend(torch.empty(1, 16, 3, 3, device="cuda")) == "cudnn_epilogue"
-        x = make_input(FULL_SHAPE, seed=77, device="cuda")
-        ok, diff = compare(_run(new, x), _run(ref, x), atol=harness.STRICT_ATOL, rtol=harness.STRICT_RTOL)
-        assert ok, f"max abs diff {diff}"
-    finally:
-        torch.backends.cudnn.allow_tf32 = saved
-
-
 EDGE_SHAPES = [
     (1, 16, 256, 256),  # N = 1
     (2, 16, 3, 3),  # 1x1 output
@@ -613,22 +657,22 @@ EDGE_SHAPES = [
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("shape", EDGE_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_edge_shapes(shape, backend, tf32_default):
-    ref, new = _cuda_models(8, backend=backend)
+def test_edge_shapes(shape, backend, mode, tf32_default):
+    ref, new, dtype = _mode_models(8, backend, mode)
     for seed in range(2):
-        x = make_input(shape, seed=seed, device="cuda")
+        x = make_input(shape, seed=seed, device="cuda").to(dtype)
         want = _run(ref, x)
         harness.poison_cuda_allocator(want.numel() * 4)
-        _check_output(_run(new, x), want, x, ref, backend)
+        _check_output(_run(new, x), want, x, ref, backend, mode)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
-def test_nan_and_inf_inputs(backend, tf32_default):
-    ref, new = _cuda_models(9, backend=backend)
-    x = make_input((2, 16, 64, 70), seed=5, device="cuda")
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+def test_nan_and_inf_inputs(backend, mode, tf32_default):
+    ref, new, dtype = _mode_models(9, backend, mode)
+    x = make_input((2, 16, 64, 70), seed=5, device="cuda").to(dtype)
     flat = x.view(-1)
     idx = torch.randperm(flat.numel(), device="cuda")[:60]
     flat[idx[:20]] = float("nan")
@@ -637,17 +681,17 @@ def test_nan_and_inf_inputs(backend, tf32_default):
     want, got = _run(ref, x), _run(new, x)
     assert torch.isnan(want).any() and torch.isfinite(want).any()
     assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
-    _check_output(got, want, x, ref, backend)
+    _check_output(got, want, x, ref, backend, mode)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
-def test_nan_wins_over_inf_channels_in_the_min(backend, tf32_default):
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+def test_nan_wins_over_inf_channels_in_the_min(backend, mode, tf32_default):
     """One output pixel whose 64 channels mix NaN with +-inf: +inf on input channel 0 and -inf on channel 1 at one
     position, so output channel o sees w[o,0]*inf - w[o,1]*inf: NaN where the two weights share a sign, +-inf
     where they do not. torch.min gives NaN there; a min that drops NaN (fminf) would give tanh(tanh(-inf))."""
-    ref, new = _cuda_models(33, backend=backend)
-    x = make_input((1, 16, 8, 8), seed=6, device="cuda")
+    ref, new, dtype = _mode_models(33, backend, mode)
+    x = make_input((1, 16, 8, 8), seed=6, device="cuda").to(dtype)
     x[0, 0, 3, 3], x[0, 1, 3, 3] = float("inf"), -float("inf")
     w, b = ref.conv.weight.detach().double().cpu(), ref.conv.bias.detach().double().cpu()
     channels = torch.conv2d(x.double().cpu(), w, b)[0, :, 2, 2]  # output pixel (2, 2) sees (3, 3) through tap (1, 1)
@@ -659,28 +703,45 @@ def test_nan_wins_over_inf_channels_in_the_min(backend, tf32_default):
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
-def test_noncontiguous_and_channels_last(backend, tf32_default):
-    ref, new = _cuda_models(10, backend=backend)
-    base = make_input((2, 16, 50, 140), seed=6, device="cuda")
-    strided = base[:, :, :, ::2]
-    dense = strided.contiguous()
-    assert torch.equal(_run(new, strided), _run(new, dense))
-    _check_output(_run(new, strided), _run(ref, dense), dense, ref, backend)
-    cl = base.to(memory_format=torch.channels_last)
-    assert torch.equal(_run(new, cl), _run(new, base))
-    _check_output(_run(new, cl), _run(ref, base), base, ref, backend)
+def test_strict_fp32_infinite_input_with_tf32_exact_weights(tf32_default):
+    """3xTF32 splits each weight into big + small. Weights that TF32 holds exactly have no small part, and an
+    infinite input times a zero small weight would be NaN where the reference's fp32 product is an infinity. Here
+    every weight is TF32-exact and a few inputs are +inf: the reference's min is -inf there (tanh(tanh) = -0.76),
+    never NaN, and so must the fused kernel's be."""
+    ref, new, dtype = _mode_models(36, "fused", "strict_fp32")
+    with torch.no_grad():
+        for m in (ref, new):
+            m.conv.weight.copy_(harness.round_tf32(ref.conv.weight))
+    x = make_input((2, 16, 20, 30), seed=12, device="cuda")
+    x[0, 3, 5, 7] = x[1, 10, 12, 20] = x[1, 0, 0, 0] = float("inf")
+    want, got = _run(ref, x), _run(new, x)
+    assert not torch.isnan(want).any() and (want == float(torch.tanh(torch.tanh(torch.tensor(-float("inf")))))).any()
+    _check_output(got, want, x, ref, "fused", "strict_fp32")
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
-def test_input_unchanged_side_stream_graph_and_repeatable(backend, tf32_default):
-    ref, new = _cuda_models(12, backend=backend)
-    x = make_input((4, 16, 96, 130), seed=7, device="cuda")
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+def test_noncontiguous_and_channels_last(backend, mode, tf32_default):
+    ref, new, dtype = _mode_models(10, backend, mode)
+    base = make_input((2, 16, 50, 140), seed=6, device="cuda").to(dtype)
+    strided = base[:, :, :, ::2]
+    dense = strided.contiguous()
+    assert torch.equal(_run(new, strided), _run(new, dense))
+    _check_output(_run(new, strided), _run(ref, dense), dense, ref, backend, mode)
+    cl = base.to(memory_format=torch.channels_last)
+    assert torch.equal(_run(new, cl), _run(new, base))
+    _check_output(_run(new, cl), _run(ref, base), base, ref, backend, mode)
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+def test_input_unchanged_side_stream_graph_and_repeatable(backend, mode, tf32_default):
+    ref, new, dtype = _mode_models(12, backend, mode)
+    x = make_input((4, 16, 96, 130), seed=7, device="cuda").to(dtype)
     x_before = x.clone()
     first = _run(new, x)
     assert torch.equal(x, x_before), "forward changed its input"
-    _check_output(first, _run(ref, x), x, ref, backend)
+    _check_output(first, _run(ref, x), x, ref, backend, mode)
     for _ in range(3):
         assert torch.equal(_run(new, x), first), "output is not bitwise repeatable"
 
@@ -696,7 +757,7 @@ def test_input_unchanged_side_stream_graph_and_repeatable(backend, tf32_default)
     with torch.cuda.graph(graph):
         static_out = _run(new, static_x)  # eager: the op's CUDA kernel called directly
         static_op_out = OP(static_x, new.conv.weight.detach(), new.conv.bias.detach(), new._op_backend)  # dispatcher
-    fresh = make_input(x.shape, seed=8, device="cuda")
+    fresh = make_input(x.shape, seed=8, device="cuda").to(dtype)
     static_x.copy_(fresh)
     graph.replay()
     torch.cuda.synchronize()
@@ -706,18 +767,18 @@ def test_input_unchanged_side_stream_graph_and_repeatable(backend, tf32_default)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend", CUDA_BACKENDS)
-def test_offsets_past_2_pow_31(backend, tf32_default):
+@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+def test_offsets_past_2_pow_31(backend, mode, tf32_default):
     """An input with more than 2^31 elements (and, for cudnn_epilogue, an intermediate too): the last images must
     be right."""
     n = 2100
     shape = (n, 16, 256, 256)
     assert n * 16 * 256 * 256 > 2**31
-    ref, new = _cuda_models(13, backend=backend)
-    x = make_input(shape, seed=15, device="cuda")
+    ref, new, dtype = _mode_models(13, backend, mode)
+    x = make_input(shape, seed=15, device="cuda").to(dtype)
     got = _run(new, x)
     for sl in (slice(0, 2), slice(n - 2, n)):
-        _check_output(got[sl], _run(ref, x[sl]), x[sl], ref, backend)
+        _check_output(got[sl], _run(ref, x[sl]), x[sl], ref, backend, mode)
     del x, got
     torch.cuda.empty_cache()
 
@@ -797,9 +858,10 @@ def test_sass_uses_tensor_cores_without_local_memory():
     lib = model_new._ext.__file__
     sass = subprocess.run([cuobjdump, "--dump-sass", lib], capture_output=True, text=True, timeout=300).stdout
     functions = {f.split()[0]: f for f in re.split(r"\n\s*Function : ", sass)[1:]}
-    mma_sync = [f for name, f in functions.items() if "conv3x3_min_tanh2_mma_sync_kernel" in name]
-    wgmma = [f for name, f in functions.items() if "conv3x3_min_tanh2_wgmma_kernel" in name]
-    assert len(mma_sync) == 1 and "HMMA" in mma_sync[0], "the mma.sync kernel has no HMMA"
+    fused = {_instantiation(name): f for name, f in functions.items() if "conv3x3_min_tanh2_kernel" in name}
+    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(functions)
+    assert "HMMA" in fused["sm80_tf32"], "the mma.sync kernel has no HMMA"
     if torch.cuda.get_device_capability() == (9, 0):
-        assert len(wgmma) == 1 and "HGMMA" in wgmma[0], "the wgmma kernel has no HGMMA"
+        for kernel in ("sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16"):
+            assert "HGMMA" in fused[kernel], f"the {kernel} kernel has no HGMMA"
     assert not re.search(r"\b(LDL|STL)\b", sass), "a kernel uses local memory"

@@ -32,6 +32,19 @@ MUTANTS = {
         "r = __float_as_uint(v);",
         ["test_full_size_matches_reference[0]"],
     ),
+    # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
+    "strict_drops_small_products": (
+        """          wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
+          wgmma_async(acc_small, wa[ks], b + (G::kCopyBytes >> 4), Operand<float>{});""",
+        "",
+        ["test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
+    "strict_inf_times_zero": (
+        "if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);",
+        "",
+        ["test_strict_fp32_infinite_input_with_tf32_exact_weights"],
+    ),
 }
 
 

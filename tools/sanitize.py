@@ -3,6 +3,7 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tools/sanitize.py
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python3 tools/sanitize.py
     python3 tools/sanitize.py cudnn_epilogue      # only the cases of the named backends
+    python3 tools/sanitize.py fused:strict fused:bf16    # only those backend:precision cases
 
 Without the caching allocator every tensor is its own allocation, so an out-of-bounds access cannot hide inside a
 pooled block. Each output is also checked against the torch backend.
@@ -16,33 +17,43 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 
+# (backend, precision, shape, dtype); precision "strict" runs with TF32 convs off.
 CASES = [
-    ("fused", (128, 16, 256, 256), torch.float32),  # the full problem
-    ("fused", (3, 16, 67, 300), torch.float32),  # two column blocks, ragged rows and columns
-    ("fused", (2, 16, 259, 130), torch.float32),  # W % 4 != 0 (the mma.sync kernel's 4-byte copy path)
-    ("fused_mma_sync", (128, 16, 256, 256), torch.float32),
-    ("fused_mma_sync", (3, 16, 67, 300), torch.float32),
-    ("fused_mma_sync", (2, 16, 259, 130), torch.float32),
+    ("fused", "tf32", (128, 16, 256, 256), torch.float32),  # the full problem
+    ("fused", "tf32", (3, 16, 67, 300), torch.float32),  # two column blocks, ragged rows and columns
+    ("fused", "tf32", (2, 16, 259, 130), torch.float32),  # W % 4 != 0
+    ("fused_mma_sync", "tf32", (128, 16, 256, 256), torch.float32),
+    ("fused_mma_sync", "tf32", (3, 16, 67, 300), torch.float32),
+    ("fused_mma_sync", "tf32", (2, 16, 259, 130), torch.float32),
+    ("fused", "strict", (128, 16, 256, 256), torch.float32),  # 3xTF32: 128-column tiles, small weights in smem
+    ("fused", "strict", (3, 16, 67, 300), torch.float32),
+    ("fused", "strict", (2, 16, 259, 130), torch.float32),
+    ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte staged copies (W % 8 == 0)
+    ("fused", "bf16", (3, 16, 67, 264), torch.bfloat16),  # ragged, W % 8 == 0
+    ("fused", "bf16", (2, 16, 259, 130), torch.bfloat16),  # W % 8 != 0: element-wise staging
+    ("fused", "fp16", (128, 16, 256, 256), torch.float16),
+    ("fused", "fp16", (3, 16, 67, 264), torch.float16),
+    ("fused", "fp16", (2, 16, 259, 131), torch.float16),  # odd W
     # the epilogue after cuDNN, each element type, vector (inner % (16 bytes) == 0) and scalar paths
-    ("cudnn_epilogue", (3, 16, 67, 300), torch.float32),
-    ("cudnn_epilogue", (2, 16, 259, 130), torch.float32),
-    ("cudnn_epilogue", (3, 16, 67, 300), torch.float64),
-    ("cudnn_epilogue", (2, 16, 35, 37), torch.float64),
-    ("cudnn_epilogue", (3, 16, 67, 300), torch.float16),
-    ("cudnn_epilogue", (2, 16, 35, 37), torch.float16),
-    ("cudnn_epilogue", (3, 16, 67, 300), torch.bfloat16),
-    ("cudnn_epilogue", (2, 16, 35, 37), torch.bfloat16),
-    ("cudnn_epilogue", (16, 67, 300), torch.float32),  # unbatched: min over rows
+    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float32),
+    ("cudnn_epilogue", "tf32", (2, 16, 259, 130), torch.float32),
+    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float64),
+    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.float64),
+    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float16),
+    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.float16),
+    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.bfloat16),
+    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.bfloat16),
+    ("cudnn_epilogue", "tf32", (16, 67, 300), torch.float32),  # unbatched: min over rows
 ]
 
 
 def main():
-    torch.backends.cudnn.allow_tf32 = True
     failures = 0
     only = set(sys.argv[1:])
-    for backend, shape, dtype in CASES:
-        if only and backend not in only:
+    for backend, precision, shape, dtype in CASES:
+        if only and backend not in only and f"{backend}:{precision}" not in only:
             continue
+        torch.backends.cudnn.allow_tf32 = precision != "strict"
         _, new = harness.make_models(0, device="cuda", backend=backend)
         new = new.to(dtype)
         x = harness.make_input(shape, seed=1, device="cuda").to(dtype)
@@ -52,9 +63,11 @@ def main():
             want = new(x)
         torch.cuda.synchronize()
         tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else harness.ATOL
+        kernel = new.fused_kernel(x) if backend != "cudnn_epilogue" else "-"
         ok, diff = harness.compare(got, want, atol=tol, rtol=tol)
         failures += not ok
-        print(f"{backend:14s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}", flush=True)
+        print(f"{backend:14s} {kernel:12s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}",
+              flush=True)
     return 1 if failures else 0
 
 

@@ -63,7 +63,7 @@ def main():
             want = new(x)
         torch.cuda.synchronize()
         tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else harness.ATOL
-        kernel = new.fused_kernel(x) if backend != "cudnn_epilogue" else "-"
+        kernel = str(new.fused_kernel(x)) if backend != "cudnn_epilogue" else "-"
         ok, diff = harness.compare(got, want, atol=tol, rtol=tol)
         failures += not ok
         print(f"{backend:14s} {kernel:12s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}",

@@ -57,13 +57,13 @@ def main():
         _, new = harness.make_models(0, device="cuda", backend=backend)
         new = new.to(dtype)
         x = harness.make_input(shape, seed=1, device="cuda").to(dtype)
+        kernel = str(new.fused_kernel(x)) if backend != "cudnn_epilogue" else "-"
         with torch.no_grad():
             got = new(x)
             new.backend = "torch"
             want = new(x)
         torch.cuda.synchronize()
         tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else harness.ATOL
-        kernel = str(new.fused_kernel(x)) if backend != "cudnn_epilogue" else "-"
         ok, diff = harness.compare(got, want, atol=tol, rtol=tol)
         failures += not ok
         print(f"{backend:14s} {kernel:12s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}",

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Timing probes and Nsight Compute counters for the fused kernel (both MMA kinds). Logs under $OUT.
-# (The ncu kernel filter matches the demangled base names conv3x3_min_tanh2_{wgmma,mma_sync}_kernel.)
+# Nsight Compute counters of the fused kernel, one precision at a time (default: all four). Logs under $OUT.
+#   tools/profile.sh [tf32|strict_fp32|bf16|fp16]...
+# SECTIONS overrides the ncu sections (default: speed of light, warp states with the stall breakdown, occupancy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 tools/experiments.py 2>&1 | tee "$OUT/experiments.log"
-for kind in wgmma mma_sync; do
-  ncu --clock-control none -k "regex:${kind}_kernel" --launch-count 1 --set full --page raw --csv \
-    python3 tools/experiments.py --only base --trials 1 > "$OUT/ncu_${kind}.csv" 2> "$OUT/ncu_${kind}.err"
-  echo "ncu ${kind}: rc=$? $(wc -c < "$OUT/ncu_${kind}.csv") bytes"
+SECTIONS=${SECTIONS:-"SpeedOfLight WarpStateStats Occupancy"}
+args=()
+for s in $SECTIONS; do args+=(--section "$s"); done
+for precision in "${@:-tf32 strict_fp32 bf16 fp16}"; do
+  ncu --clock-control none -k regex:conv3x3_min_tanh2_kernel --launch-skip 1 --launch-count 1 "${args[@]}" \
+    --page raw python3 tools/run_once.py "$precision" > "$OUT/ncu_${precision}.txt" 2>&1
+  echo "ncu ${precision}: rc=$? $(grep -c . "$OUT/ncu_${precision}.txt") lines"
 done

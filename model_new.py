@@ -300,13 +300,13 @@ __device__ __forceinline__ void cta_step_range(int64_t total, int64_t& begin, in
 // take consecutive columns, so each of the 4 copies is coalesced across the warp. One cp.async group per issue (an
 // empty one when the row is not needed), so complete() always waits for all but the kLead - 1 newest. The
 // conversion runs in place: rounding, or the 3xTF32 split into copy 0 (big) and copy 1 (small).
-template <class G>
+template <class Geometry>
 struct CpAsyncProducer {
-  static_assert(G::kGroupChannels == 4, "fp32 items are 4 channels");
-  static constexpr int kItems = G::kGroups * G::kInCols;
+  static_assert(Geometry::kGroupChannels == 4, "fp32 items are 4 channels");
+  static constexpr int kItems = Geometry::kGroups * Geometry::kInCols;
   static constexpr int kRegisters = 0;  // nothing is staged in registers
   static constexpr int kSmemBytes = 0;
-  static constexpr int kRingSlots = G::kKsize + G::kLead;  // rows land in their slot as they arrive
+  static constexpr int kRingSlots = Geometry::kKsize + Geometry::kLead;  // rows land in their slot as they arrive
   const int64_t plane;
   const int W;
   __device__ CpAsyncProducer(unsigned char*, const float*, int H, int W_) : plane((int64_t)H * W_), W(W_) {}
@@ -314,10 +314,10 @@ struct CpAsyncProducer {
   __device__ void issue(bool needed, unsigned char* slot, const float* __restrict__ x_img, int y, int col0) {
     if (needed) {
       const float* src_row = x_img + (int64_t)y * W + col0;
-      for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
-        const int grp = item / G::kInCols, col = item - grp * G::kInCols;
+      for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
+        const int grp = item / Geometry::kInCols, col = item - grp * Geometry::kInCols;
         const bool valid = col0 + col < W;
-        float* dst = reinterpret_cast<float*>(slot + grp * G::kGroupBytes) + col * 4;
+        float* dst = reinterpret_cast<float*>(slot + grp * Geometry::kGroupBytes) + col * 4;
 #pragma unroll
         for (int c = 0; c < 4; ++c) cp_async_4(dst + c, valid ? src_row + (grp * 4 + c) * plane + col : x_img, valid);
       }
@@ -325,7 +325,7 @@ struct CpAsyncProducer {
     cp_async_commit();
   }
   __device__ void complete(unsigned char* slot, int) {
-    cp_async_wait<G::kLead - 1>();
+    cp_async_wait<Geometry::kLead - 1>();
     convert(slot);
   }
   __device__ void complete_now(unsigned char* slot, int) {
@@ -333,16 +333,16 @@ struct CpAsyncProducer {
     convert(slot);
   }
   __device__ void convert(unsigned char* slot) {
-    for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
-      const int grp = item / G::kInCols, col = item - grp * G::kInCols;
-      float4* p = reinterpret_cast<float4*>(slot + grp * G::kGroupBytes) + col;
-      if constexpr (G::Precision::kCopies == 1) {
+    for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
+      const int grp = item / Geometry::kInCols, col = item - grp * Geometry::kInCols;
+      float4* p = reinterpret_cast<float4*>(slot + grp * Geometry::kGroupBytes) + col;
+      if constexpr (Geometry::Precision::kCopies == 1) {
         *p = round_to_tf32(*p);
       } else {
         float4 big, small;
         split_tf32(*p, big, small);
         *p = big;
-        *reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p) + G::kCopyBytes) = small;
+        *reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p) + Geometry::kCopyBytes) = small;
       }
     }
     fence_proxy_async();
@@ -355,18 +355,18 @@ struct CpAsyncProducer {
 // transposes each item in registers (8 x 8 16-bit values, byte permutes) into 8 column writes of the slot. The
 // thread that copied an item transposes it, so no barrier sits in between. Where chunks are not 16-byte aligned
 // (W % 8 != 0, or x itself) the items are loaded element by element instead, synchronously.
-template <class G>
+template <class Geometry>
 struct StagedTransposeProducer {
-  using Elem = typename G::Elem;
-  static_assert(sizeof(Elem) == 2 && G::kGroupChannels == 8, "16-bit items are 8 channels x 8 columns");
-  static constexpr int kChunks = (G::kInCols + 7) / 8;
+  using Elem = typename Geometry::Elem;
+  static_assert(sizeof(Elem) == 2 && Geometry::kGroupChannels == 8, "16-bit items are 8 channels x 8 columns");
+  static constexpr int kChunks = (Geometry::kInCols + 7) / 8;
   static constexpr int kStagePitch = kChunks * 8;  // elements of one channel row
-  static constexpr int kStageBytes = G::kCin * kStagePitch * 2;
-  static constexpr int kSmemBytes = G::kLead * kStageBytes;
-  static constexpr int kItems = G::kGroups * kChunks;
-  static constexpr int kRingSlots = G::kKsize + 1;  // rows land in their slot only when they are completed
+  static constexpr int kStageBytes = Geometry::kCin * kStagePitch * 2;
+  static constexpr int kSmemBytes = Geometry::kLead * kStageBytes;
+  static constexpr int kItems = Geometry::kGroups * kChunks;
+  static constexpr int kRingSlots = Geometry::kKsize + 1;  // rows land in their slot only when they are completed
   static constexpr int kRegisters = 0;
-  static_assert(kStagePitch <= G::kPitchCols, "a transposed chunk stays inside the slot");
+  static_assert(kStagePitch <= Geometry::kPitchCols, "a transposed chunk stays inside the slot");
   unsigned char* const stage;
   const int64_t plane;
   const int W;
@@ -375,14 +375,14 @@ struct StagedTransposeProducer {
       : stage(smem), plane((int64_t)H * W_), W(W_),
         vec16(W_ % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
   __device__ uint16_t* staged_row(int y) const {
-    return reinterpret_cast<uint16_t*>(stage + (y % G::kLead) * kStageBytes);
+    return reinterpret_cast<uint16_t*>(stage + (y % Geometry::kLead) * kStageBytes);
   }
 
   __device__ void issue(bool needed, unsigned char*, const Elem* __restrict__ x_img, int y, int col0) {
     if (needed) {
       const uint16_t* src_row = reinterpret_cast<const uint16_t*>(x_img) + (int64_t)y * W + col0;
       uint16_t* dst_row = staged_row(y);
-      for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+      for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
         const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
@@ -402,7 +402,7 @@ struct StagedTransposeProducer {
     cp_async_commit();
   }
   __device__ void complete(unsigned char* slot, int y) {
-    cp_async_wait<G::kLead - 1>();
+    cp_async_wait<Geometry::kLead - 1>();
     transpose(slot, y);
   }
   __device__ void complete_now(unsigned char* slot, int y) {
@@ -412,12 +412,12 @@ struct StagedTransposeProducer {
   // Channel c's 16 bytes hold columns 0..7 as 4 words; column j's 16 bytes are channel pairs (2q, 2q+1).
   __device__ void transpose(unsigned char* slot, int y) {
     const uint16_t* src_row = staged_row(y);
-    for (int item = threadIdx.x; item < kItems; item += G::kThreads) {
+    for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
       const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
       uint4 r[8];
 #pragma unroll
       for (int c = 0; c < 8; ++c) r[c] = *reinterpret_cast<const uint4*>(src_row + (grp * 8 + c) * kStagePitch + col);
-      uint4* dst = reinterpret_cast<uint4*>(slot + grp * G::kGroupBytes) + col;
+      uint4* dst = reinterpret_cast<uint4*>(slot + grp * Geometry::kGroupBytes) + col;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;
@@ -455,29 +455,29 @@ __device__ __forceinline__ uint32_t weight_register(const typename Precision::El
 // wgmma (sm_90a), operands swapped: A = weights (M = the 64 output channels) in registers for the whole kernel,
 // B = the tile's input pixels (N = kTileCols) x kMmaK channels from the slot. One instruction per k-step; Tf32x3
 // adds small(w) * big(x), A from shared memory, and big(w) * small(x), B from the slot's second copy.
-template <class G>
+template <class Geometry>
 struct WgmmaMainloop {
-  using Precision = typename G::Precision;
-  using Elem = typename G::Elem;
+  using Precision = typename Geometry::Precision;
+  using Elem = typename Geometry::Elem;
   static constexpr bool kSplit = Precision::kCopies == 2;
-  static constexpr int kNBlocks = G::kTileCols / 8;  // n8 blocks of the accumulator
+  static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
   using Accum = float[kNBlocks][4];
   // The tile's columns go to the tensor cores as parts of 128, one commit group each: the epilogue of part 0 runs
   // while part 1 is still being multiplied.
-  static constexpr int kParts = G::kTileCols / 128;
+  static constexpr int kParts = Geometry::kTileCols / 128;
   static constexpr int kPartBlocks = kNBlocks / kParts;
   using Part = float[kPartBlocks][4];
   static_assert(kParts <= 2 && (!kSplit || kParts == 1), "wgmma_wait_for() and acc_small expect this");
   // Tf32x3's small weights, K-major core matrices: rows 8m..8m+7, k 4j..4j+3 of k-step ks at byte
   // ks * kAStepBytes + j * kAKBytes + m * 128.
-  static constexpr int kAKBytes = G::kCout * 16;
+  static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
-  static constexpr int kSmemBytes = kSplit ? G::kKSteps * kAStepBytes : 0;
-  static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4 + G::kKSteps * 4;
+  static constexpr int kSmemBytes = kSplit ? Geometry::kKSteps * kAStepBytes : 0;
+  static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4 + Geometry::kKSteps * 4;
   __device__ static Part& part(Accum& acc, int p) { return reinterpret_cast<Part&>(acc[p * kPartBlocks]); }
-  static_assert(G::kCout == 64, "one m64 wgmma covers all output channels");
+  static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
 
-  uint32_t wa[G::kKSteps][4];
+  uint32_t wa[Geometry::kKSteps][4];
   float bias_lo, bias_hi;
   uint64_t small_desc;
   // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation
@@ -490,12 +490,13 @@ struct WgmmaMainloop {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int ks = 0; ks < G::kKSteps; ++ks) {
-      const int tap = ks / G::kKStepsPerTap;
-      const int k0 = (ks % G::kKStepsPerTap) * G::kMmaK + t * G::kElemsPerReg;
+    for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
+      const int tap = ks / Geometry::kKStepsPerTap;
+      const int k0 = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + t * Geometry::kElemsPerReg;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        wa[ks][i] = weight_register<Precision>(w, warp * 16 + g + 8 * (i & 1), k0 + (G::kMmaK / 2) * (i >> 1), tap);
+        const int co = warp * 16 + g + 8 * (i & 1), k = k0 + (Geometry::kMmaK / 2) * (i >> 1);
+        wa[ks][i] = weight_register<Precision>(w, co, k, tap);
       }
     }
     bias_lo = static_cast<float>(b[warp * 16 + g]);
@@ -503,11 +504,11 @@ struct WgmmaMainloop {
     small_desc = 0;
     if constexpr (kSplit) {
       float* a_small = reinterpret_cast<float*>(smem);
-      for (int i = threadIdx.x; i < G::kKSteps * G::kCout * 8; i += G::kThreads) {
-        const int ks = i / (G::kCout * 8), co = (i / 8) % G::kCout, kk = i % 8;
-        const int ci = (ks % G::kKStepsPerTap) * 8 + kk;
+      for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * 8; i += Geometry::kThreads) {
+        const int ks = i / (Geometry::kCout * 8), co = (i / 8) % Geometry::kCout, kk = i % 8;
+        const int ci = (ks % Geometry::kKStepsPerTap) * 8 + kk;
         float big, small;
-        split_tf32(__ldg(w + (co * G::kCin + ci) * G::kTaps + ks / G::kKStepsPerTap), big, small);
+        split_tf32(__ldg(w + (co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap), big, small);
         // A weight that TF32 holds exactly has no small part; a zero there would turn an infinite input into
         // 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
         // sign, and adds nothing measurable to finite ones.
@@ -527,7 +528,7 @@ struct WgmmaMainloop {
     }
     uint64_t desc[3];
 #pragma unroll
-    for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], G::kGroupBytes, 128);
+    for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], Geometry::kGroupBytes, 128);
     if constexpr (kSplit) {
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j) acc_small[j][0] = acc_small[j][1] = acc_small[j][2] = acc_small[j][3] = 0.f;
@@ -538,14 +539,14 @@ struct WgmmaMainloop {
 #pragma unroll
     for (int p = 0; p < kParts; ++p) {
 #pragma unroll
-      for (int ks = 0; ks < G::kKSteps; ++ks) {
-        const int tap = ks / G::kKStepsPerTap, kb = ks % G::kKStepsPerTap;
+      for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
+        const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
         // B for k-step (kh, kw, kb) of part p: groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices
         // kGroupBytes apart), starting 128p + kw columns in (N-direction core matrices 8 columns = 128 bytes apart).
-        const uint64_t b = desc[tap / 3] + ((2 * kb * G::kGroupBytes + (128 * p + tap % 3) * 16) >> 4);
+        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (128 * p + tap % 3) * 16) >> 4);
         if constexpr (kSplit) {
           wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
-          wgmma_async(acc_small, wa[ks], b + (G::kCopyBytes >> 4), Operand<float>{});
+          wgmma_async(acc_small, wa[ks], b + (Geometry::kCopyBytes >> 4), Operand<float>{});
         }
         wgmma_async(part(acc, p), wa[ks], b, Operand<Elem>{});
       }
@@ -575,18 +576,18 @@ struct WgmmaMainloop {
 // mma.sync m16n8k8 (any sm_80+ GPU), TF32 only. Each warp: 64 pixels (4 m16 tiles) x all kCout channels (kCout/8
 // n8 tiles), so the min over channels stays in registers. A (pixels x channels) from the slot, B (weights) from
 // shared memory, staged once per CTA in the order the MMA reads them.
-template <class G>
+template <class Geometry>
 struct MmaSyncMainloop {
-  static_assert(std::is_same<typename G::Precision, Tf32RoundNearest>::value, "mma.sync runs TF32 only");
-  static constexpr int kWarpCols = G::kTileCols / 4;
+  static_assert(std::is_same<typename Geometry::Precision, Tf32RoundNearest>::value, "mma.sync runs TF32 only");
+  static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
-  static constexpr int kNTiles = G::kCout / 8;
+  static constexpr int kNTiles = Geometry::kCout / 8;
   using Accum = float[kMTiles][kNTiles][4];
   static constexpr int kParts = 1;
-  static constexpr int kWeightFloats = G::kKSteps * 32 * kNTiles * 2;
-  static constexpr int kSmemBytes = (kWeightFloats + G::kCout) * 4;
+  static constexpr int kWeightFloats = Geometry::kKSteps * 32 * kNTiles * 2;
+  static constexpr int kSmemBytes = (kWeightFloats + Geometry::kCout) * 4;
   static constexpr int kRegisters = kMTiles * kNTiles * 4 + kNTiles * 2;
-  static_assert(G::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
+  static_assert(Geometry::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
   static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
 
   const float* wsm;
@@ -597,15 +598,15 @@ struct MmaSyncMainloop {
   __device__ MmaSyncMainloop(unsigned char* smem, const float* __restrict__ w, const float* __restrict__ b)
       : wsm(reinterpret_cast<float*>(smem)), bsm(reinterpret_cast<float*>(smem) + kWeightFloats) {
     float* wdst = reinterpret_cast<float*>(smem);
-    for (int i = threadIdx.x; i < kWeightFloats; i += G::kThreads) {
+    for (int i = threadIdx.x; i < kWeightFloats; i += Geometry::kThreads) {
       const int e = i & 3, lane = (i >> 2) & 31;
       const int q = (i >> 7) % (kNTiles / 2);
       const int ks = (i >> 7) / (kNTiles / 2);
       const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-      const int ci = (ks % G::kKStepsPerTap) * 8 + (lane & 3) + 4 * (e & 1);
-      wdst[i] = round_to_tf32(w[(co * G::kCin + ci) * G::kTaps + ks / G::kKStepsPerTap]);
+      const int ci = (ks % Geometry::kKStepsPerTap) * 8 + (lane & 3) + 4 * (e & 1);
+      wdst[i] = round_to_tf32(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
     }
-    for (int i = threadIdx.x; i < G::kCout; i += G::kThreads) wdst[kWeightFloats + i] = b[i];
+    for (int i = threadIdx.x; i < Geometry::kCout; i += Geometry::kThreads) wdst[kWeightFloats + i] = b[i];
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile. A fragment
@@ -624,15 +625,15 @@ struct MmaSyncMainloop {
     if (col0 + warp_col >= OW) return;  // this warp's pixels are all past the edge
     const int lane_offset = (warp_col + (lane >> 2)) * 4 + (lane & 3);
 #pragma unroll
-    for (int ks = 0; ks < G::kKSteps; ++ks) {
+    for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
       const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (kNTiles / 2) * 32 + lane;
       float4 bq[kNTiles / 2];
 #pragma unroll
       for (int q = 0; q < kNTiles / 2; ++q) bq[q] = wq[q * 32];
-      const int tap = ks / G::kKStepsPerTap, kb = ks % G::kKStepsPerTap;
-      const float* a_ptr = reinterpret_cast<const float*>(rows[tap / 3] + 2 * kb * G::kGroupBytes) + lane_offset +
-                           (tap % 3) * 4;
-      constexpr int kNextGroup = G::kGroupBytes / 4;
+      const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
+      const float* a_ptr = reinterpret_cast<const float*>(rows[tap / 3] + 2 * kb * Geometry::kGroupBytes) +
+                           lane_offset + (tap % 3) * 4;
+      constexpr int kNextGroup = Geometry::kGroupBytes / 4;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         const uint32_t a[4] = {__float_as_uint(a_ptr[mt * 64]), __float_as_uint(a_ptr[mt * 64 + 32]),
@@ -657,10 +658,10 @@ struct MmaSyncMainloop {
 // (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes kTileCols / kThreads pixels.
 // Part by part (WgmmaMainloop::kParts), each with its own reduction buffer, so part 1's partial minima never
 // overwrite part 0's while slower threads still read them.
-template <class G>
+template <class Geometry>
 struct WgmmaEpilogue {
-  using Mainloop = WgmmaMainloop<G>;
-  static constexpr int kPartCols = G::kTileCols / Mainloop::kParts;
+  using Mainloop = WgmmaMainloop<Geometry>;
+  static constexpr int kPartCols = Geometry::kTileCols / Mainloop::kParts;
   static constexpr int kPartBlocks = Mainloop::kPartBlocks;
   static constexpr int kRedRows = 16;
   static constexpr int kRedPitch = kPartCols + 8;  // rows 8 words apart: 2-way conflicts at most
@@ -668,7 +669,8 @@ struct WgmmaEpilogue {
   float* const red;
   __device__ explicit WgmmaEpilogue(unsigned char* smem) : red(reinterpret_cast<float*>(smem)) {}
 
-  __device__ void store(const typename Mainloop::Accum& acc, int part, typename G::Elem* out_row, int col0, int OW) {
+  __device__ void store(const typename Mainloop::Accum& acc, int part, typename Geometry::Elem* out_row, int col0,
+                        int OW) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     float* const red_part = red + part * kRedRows * kRedPitch;
@@ -685,20 +687,20 @@ struct WgmmaEpilogue {
     __syncthreads();
     const int part_col0 = col0 + part * kPartCols;
 #pragma unroll
-    for (int p = threadIdx.x; p < kPartCols; p += G::kThreads) {
+    for (int p = threadIdx.x; p < kPartCols; p += Geometry::kThreads) {
       float v = red_part[p];
 #pragma unroll
       for (int r = 1; r < kRedRows; ++r) v = nan_min(v, red_part[r * kRedPitch + p]);
-      if (part_col0 + p < OW) out_row[part_col0 + p] = static_cast<typename G::Elem>(tanh2(v));
+      if (part_col0 + p < OW) out_row[part_col0 + p] = static_cast<typename Geometry::Elem>(tanh2(v));
     }
   }
 };
 
 // mma.sync: min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane
 // of the quad ends with the minima over all kCout channels. Lane t then stores m-tile t: coalesced stores.
-template <class G>
+template <class Geometry>
 struct MmaSyncEpilogue {
-  using Mainloop = MmaSyncMainloop<G>;
+  using Mainloop = MmaSyncMainloop<Geometry>;
   static constexpr int kSmemBytes = 0;
   __device__ explicit MmaSyncEpilogue(unsigned char*) {}
 

@@ -610,7 +610,8 @@ def test_other_precisions_full_size(mode, tf32_default):
             assert ok, f"{backend} {mode}: max abs diff {diff} vs the reference"
             truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
             err, ref_err = harness.max_abs_error(got, truth), harness.max_abs_error(want, truth)
-            assert err <= bound * ref_err, f"{backend} {mode}: error vs float64 {err} > {bound} x the reference's {ref_err}"
+            assert err <= bound * ref_err, \
+                f"{backend} {mode}: error vs float64 {err} > {bound} x the reference's {ref_err}"
             del x, want, got, truth
 
 

@@ -405,6 +405,19 @@ def test_cpp_error_messages_are_single_prebuilt_strings():
         assert len(args) == 2, f"{m.group(0)} with {len(args)} arguments: {args}"
 
 
+def test_every_mutant_edits_the_current_source():
+    """tools/mutants.py breaks model_new.py by textual edits; each text must still be there exactly once, or the
+    mutation run on a GPU machine stops before testing anything."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import mutants
+
+    with open(model_new.__file__) as f:
+        text = f.read()
+    for name, (original, mutated, tests) in mutants.MUTANTS.items():
+        assert text.count(original) == 1, f"mutant {name}: its text is in model_new.py {text.count(original)} times"
+        assert original != mutated and tests
+
+
 def test_import_without_cuda_builds_nothing_and_runs_on_the_cpu():
     """In a process that sees no GPU, importing model_new compiles nothing and the CPU path still matches."""
     code = ("import torch, model_new, harness; assert not torch.cuda.is_available(); "

@@ -35,9 +35,15 @@ MUTANTS = {
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
         """          wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
-          wgmma_async(acc_small, wa[ks], b + (G::kCopyBytes >> 4), Operand<float>{});""",
+          wgmma_async(acc_small, wa[ks], b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # the 16-bit transpose writes the two columns of a pair swapped: every bf16/fp16 pixel pair comes out exchanged
+    "transpose_swaps_columns": (
+        "const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;",
+        "const uint32_t sel = (j & 1) ? 0x5410 : 0x7632;",
+        ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
     "strict_inf_times_zero": (

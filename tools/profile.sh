@@ -9,7 +9,9 @@ mkdir -p "$OUT"
 SECTIONS=${SECTIONS:-"SpeedOfLight WarpStateStats Occupancy"}
 args=()
 for s in $SECTIONS; do args+=(--section "$s"); done
-for precision in "${@:-tf32 strict_fp32 bf16 fp16}"; do
+precisions=("$@")
+[[ ${#precisions[@]} -gt 0 ]] || precisions=(tf32 strict_fp32 bf16 fp16)
+for precision in "${precisions[@]}"; do
   ncu --clock-control none -k regex:conv3x3_min_tanh2_kernel --launch-skip 1 --launch-count 1 "${args[@]}" \
     --page raw python3 tools/run_once.py "$precision" > "$OUT/ncu_${precision}.txt" 2>&1
   echo "ncu ${precision}: rc=$? $(grep -c . "$OUT/ncu_${precision}.txt") lines"

@@ -1,4 +1,5 @@
 """Shared by the tests and the benchmark: seeded construction, inputs, truth, comparison, timing."""
+import collections
 import statistics
 
 import torch
@@ -8,6 +9,18 @@ import reference
 # KernelBench's fp32 tolerance.
 ATOL = RTOL = 1e-4
 STRICT_ATOL = STRICT_RTOL = 1e-5
+LOW_PRECISION_TOL = 1e-2  # KernelBench's tolerance for bf16 and fp16
+
+# The model's precisions, as the tests, the benchmark and the tools name them. allow_tf32: the setting of
+# torch.backends.cudnn.allow_tf32; tol: atol = rtol against the reference in that precision; truth_bound: the fused
+# kernel's largest error against the float64 truth, in units of the reference's own.
+Precision = collections.namedtuple("Precision", "allow_tf32 dtype tol truth_bound")
+PRECISIONS = {
+    "tf32": Precision(True, torch.float32, ATOL, 1.5),  # PyTorch's default for float32
+    "strict_fp32": Precision(False, torch.float32, STRICT_ATOL, 2.0),
+    "bf16": Precision(True, torch.bfloat16, LOW_PRECISION_TOL, 1.0),
+    "fp16": Precision(True, torch.float16, LOW_PRECISION_TOL, 1.0),
+}
 
 
 def make_models(seed=0, init_inputs=None, device="cpu", **new_kwargs):

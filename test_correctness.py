@@ -17,16 +17,13 @@ HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 CUDA_BACKENDS = ["fused", "fused_mma_sync", "cudnn_epilogue"]
 TF32_EMULATION_TOL = 5e-5  # fused output vs the float64 TF32 round-to-nearest emulation: fp32 accumulation only
-LOW_PRECISION_TOL = 1e-2  # KernelBench's tolerance for bf16 and fp16
+LOW_PRECISION_TOL = harness.LOW_PRECISION_TOL
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 FULL_SHAPE = (reference.batch_size, reference.in_channels, reference.height, reference.width)
 OP = model_new.conv_min_tanh2
 AUTO = model_new.OP_BACKENDS.index("auto")
 
 
-# Precisions of the model: (torch.backends.cudnn.allow_tf32, dtype). "tf32" is PyTorch's default for float32.
-MODES = {"tf32": (True, torch.float32), "strict_fp32": (False, torch.float32), "bf16": (True, torch.bfloat16),
-         "fp16": (True, torch.float16)}
 # The fused kernel of each mode on an sm_90 GPU.
 SM90_KERNELS = {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}
 # Every CUDA backend in PyTorch's default precision, and the fused backend in each other precision.
@@ -479,7 +476,7 @@ def _cuda_models(seed=0, **kw):
 def _mode_models(seed, backend, mode):
     """Reference and ModelNew in `mode` (dtype set, the TF32 flag set for the caller's test; tf32_default restores
     it), and the input dtype. The fused backend must actually run that mode's kernel where sm_90 is present."""
-    allow_tf32, dtype = MODES[mode]
+    allow_tf32, dtype = harness.PRECISIONS[mode].allow_tf32, harness.PRECISIONS[mode].dtype
     torch.backends.cudnn.allow_tf32 = allow_tf32
     ref, new = (m.to(dtype) for m in _cuda_models(seed, backend=backend))
     if mode != "tf32" and torch.cuda.get_device_capability() != (9, 0):
@@ -501,7 +498,7 @@ def _check_output(got, want, x, ref, backend, mode="tf32"):
         assert ok, f"cudnn_epilogue: max abs diff {diff} vs the reference"
         return
     if mode != "tf32":  # strict fp32 at 1e-5 of the strict reference; bf16 / fp16 at KernelBench's 1e-2
-        tol = harness.STRICT_ATOL if mode == "strict_fp32" else LOW_PRECISION_TOL
+        tol = harness.PRECISIONS[mode].tol
         ok, diff = compare(got, want, atol=tol, rtol=tol)
         assert ok, f"{backend} {mode}: max abs diff {diff} vs the reference"
         return
@@ -583,7 +580,8 @@ def test_full_size_matches_reference(seed, tf32_default):
     ref_err = harness.max_abs_error(want, truth)
     assert harness.max_abs_error(want, tf32_truth) <= TF32_EMULATION_TOL, "the reference is not TF32 here"
     outputs = {}
-    for backend, err_factor in (("fused", 1.5), ("fused_mma_sync", 1.5), ("cudnn_epilogue", 1.0)):
+    fused_bound = harness.PRECISIONS["tf32"].truth_bound
+    for backend, err_factor in (("fused", fused_bound), ("fused_mma_sync", fused_bound), ("cudnn_epilogue", 1.0)):
         new.backend = backend
         harness.poison_cuda_allocator(want.numel() * 4)
         got = outputs[backend] = _run(new, x)
@@ -597,20 +595,15 @@ def test_full_size_matches_reference(seed, tf32_default):
     assert torch.equal(_run(new, x), outputs["fused"])  # auto picks fused under the default settings
 
 
-# mode -> (tolerance vs the reference in that precision, bound on the error vs float64 in units of the reference's)
-FULL_SIZE_BARS = {"strict_fp32": (harness.STRICT_ATOL, 2.0), "bf16": (LOW_PRECISION_TOL, 1.0),
-                  "fp16": (LOW_PRECISION_TOL, 1.0)}
-
-
 @needs_cuda
-@pytest.mark.parametrize("mode", list(FULL_SIZE_BARS))
+@pytest.mark.parametrize("mode", ["strict_fp32", "bf16", "fp16"])
 def test_other_precisions_full_size(mode, tf32_default):
     """The full problem in strict fp32 (TF32 off), bf16 and fp16 (a model converted with .to(dtype)), fresh inputs
     per seed: the output has the reference's dtype, is within 1e-5 (strict) or KernelBench's 1e-2 of the
     reference in that precision, and is no further from the float64 truth than 2x (strict) or 1x the reference's
     own error. Both backends: the fused kernel and cuDNN + epilogue (which must match the reference at the same
     tolerance)."""
-    tol, bound = FULL_SIZE_BARS[mode]
+    tol, bound = harness.PRECISIONS[mode].tol, harness.PRECISIONS[mode].truth_bound
     for backend in ("fused", "cudnn_epilogue"):
         ref, new, dtype = _mode_models(30, backend, mode)
         for seed in range(2):

@@ -11,8 +11,7 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 
-PRECISIONS = {"tf32": (True, torch.float32), "strict_fp32": (False, torch.float32), "bf16": (True, torch.bfloat16),
-              "fp16": (True, torch.float16)}
+PRECISIONS = harness.PRECISIONS
 
 
 def main():
@@ -22,7 +21,7 @@ def main():
     if not torch.cuda.is_available():
         print("run_once.py needs a CUDA GPU; none is available here")
         return 2
-    allow_tf32, dtype = PRECISIONS[sys.argv[1]]
+    allow_tf32, dtype = PRECISIONS[sys.argv[1]].allow_tf32, PRECISIONS[sys.argv[1]].dtype
     torch.backends.cudnn.allow_tf32 = allow_tf32
     _, new = harness.make_models(0, device="cuda")
     new = new.to(dtype)

@@ -3,7 +3,7 @@
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tools/sanitize.py
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python3 tools/sanitize.py
     python3 tools/sanitize.py cudnn_epilogue      # only the cases of the named backends
-    python3 tools/sanitize.py fused:strict fused:bf16    # only those backend:precision cases
+    python3 tools/sanitize.py fused:strict_fp32 fused:bf16    # only those backend:precision cases
 
 Without the caching allocator every tensor is its own allocation, so an out-of-bounds access cannot hide inside a
 pooled block. Each output is also checked against the torch backend.
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import harness  # noqa: E402
 
-# (backend, precision, shape, dtype); precision "strict" runs with TF32 convs off.
+# (backend, precision (a name in harness.PRECISIONS: its TF32 setting and tolerance), shape, dtype).
 CASES = [
     ("fused", "tf32", (128, 16, 256, 256), torch.float32),  # the full problem
     ("fused", "tf32", (3, 16, 67, 300), torch.float32),  # two column blocks, ragged rows and columns
@@ -25,9 +25,9 @@ CASES = [
     ("fused_mma_sync", "tf32", (128, 16, 256, 256), torch.float32),
     ("fused_mma_sync", "tf32", (3, 16, 67, 300), torch.float32),
     ("fused_mma_sync", "tf32", (2, 16, 259, 130), torch.float32),
-    ("fused", "strict", (128, 16, 256, 256), torch.float32),  # 3xTF32: 128-column tiles, small weights in smem
-    ("fused", "strict", (3, 16, 67, 300), torch.float32),
-    ("fused", "strict", (2, 16, 259, 130), torch.float32),
+    ("fused", "strict_fp32", (128, 16, 256, 256), torch.float32),  # 3xTF32: 128-column tiles, small weights in smem
+    ("fused", "strict_fp32", (3, 16, 67, 300), torch.float32),
+    ("fused", "strict_fp32", (2, 16, 259, 130), torch.float32),
     ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte staged copies (W % 8 == 0)
     ("fused", "bf16", (3, 16, 67, 264), torch.bfloat16),  # ragged, W % 8 == 0
     ("fused", "bf16", (2, 16, 259, 130), torch.bfloat16),  # W % 8 != 0: element-wise staging
@@ -53,7 +53,7 @@ def main():
     for backend, precision, shape, dtype in CASES:
         if only and backend not in only and f"{backend}:{precision}" not in only:
             continue
-        torch.backends.cudnn.allow_tf32 = precision != "strict"
+        torch.backends.cudnn.allow_tf32 = harness.PRECISIONS[precision].allow_tf32
         _, new = harness.make_models(0, device="cuda", backend=backend)
         new = new.to(dtype)
         x = harness.make_input(shape, seed=1, device="cuda").to(dtype)
@@ -63,7 +63,8 @@ def main():
             new.backend = "torch"
             want = new(x)
         torch.cuda.synchronize()
-        tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else harness.ATOL
+        low = dtype in (torch.float16, torch.bfloat16)
+        tol = harness.LOW_PRECISION_TOL if low else harness.PRECISIONS[precision].tol
         ok, diff = harness.compare(got, want, atol=tol, rtol=tol)
         failures += not ok
         print(f"{backend:14s} {kernel:12s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}",

@@ -63,7 +63,6 @@ def _shared_declarations():
     elems = "\n".join(f"inline constexpr int kElem{_camel(str(d).split('.')[1])} = {i};" for i, d in enumerate(SUPPORTED_DTYPES))
     supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
     kernels = "\n".join(f"inline constexpr int kFused{_camel(n)} = {i};" for i, n in enumerate(FUSED_KERNELS))
-    kernel_names = ", ".join(f'"{n}"' for n in FUSED_KERNELS)
     return f"""#include <cstdint>
 #include <cuda_runtime.h>
 #define KB25_FUSED_CIN {FUSED_IN_CHANNELS}
@@ -78,8 +77,6 @@ inline constexpr int kBackendCount = {len(OP_BACKENDS)};
 inline constexpr const char* kBackendNames[] = {{{names}}};
 {elems}
 {kernels}
-inline constexpr int kFusedKernelCount = {len(FUSED_KERNELS)};
-inline constexpr const char* kFusedKernelNames[] = {{{kernel_names}}};
 }}  // namespace kb25
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
                                                       void* out, int64_t N, int H, int W, int num_sms,
@@ -259,7 +256,7 @@ struct ConvGeometry {
   static constexpr int kLead = kLead_;  // how many steps ahead the producer starts a row
   static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
   static_assert(kPitchCols >= kInCols && kPitchCols % 8 == 0, "a slot holds a whole input row segment");
-  static_assert(kTileCols % 128 == 0 || kTileCols < 128, "wgmma parts are 128 columns");
+  static_assert(kTileCols % kWgmmaN == 0, "a tile is whole wgmma parts");
 };
 
 // ================================================================ scheduler
@@ -304,7 +301,6 @@ template <class Geometry>
 struct CpAsyncProducer {
   static_assert(Geometry::kGroupChannels == 4, "fp32 items are 4 channels");
   static constexpr int kItems = Geometry::kGroups * Geometry::kInCols;
-  static constexpr int kRegisters = 0;  // nothing is staged in registers
   static constexpr int kSmemBytes = 0;
   static constexpr int kRingSlots = Geometry::kKsize + Geometry::kLead;  // rows land in their slot as they arrive
   const int64_t plane;
@@ -365,7 +361,6 @@ struct StagedTransposeProducer {
   static constexpr int kSmemBytes = Geometry::kLead * kStageBytes;
   static constexpr int kItems = Geometry::kGroups * kChunks;
   static constexpr int kRingSlots = Geometry::kKsize + 1;  // rows land in their slot only when they are completed
-  static constexpr int kRegisters = 0;
   static_assert(kStagePitch <= Geometry::kPitchCols, "a transposed chunk stays inside the slot");
   unsigned char* const stage;
   const int64_t plane;
@@ -464,7 +459,7 @@ struct WgmmaMainloop {
   using Accum = float[kNBlocks][4];
   // The tile's columns go to the tensor cores as parts of 128, one commit group each: the epilogue of part 0 runs
   // while part 1 is still being multiplied.
-  static constexpr int kParts = Geometry::kTileCols / 128;
+  static constexpr int kParts = Geometry::kTileCols / kWgmmaN;
   static constexpr int kPartBlocks = kNBlocks / kParts;
   using Part = float[kPartBlocks][4];
   static_assert(kParts <= 2 && (!kSplit || kParts == 1), "wgmma_wait_for() and acc_small expect this");
@@ -543,7 +538,7 @@ struct WgmmaMainloop {
         const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
         // B for k-step (kh, kw, kb) of part p: groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices
         // kGroupBytes apart), starting 128p + kw columns in (N-direction core matrices 8 columns = 128 bytes apart).
-        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (128 * p + tap % 3) * 16) >> 4);
+        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (kWgmmaN * p + tap % 3) * 16) >> 4);
         if constexpr (kSplit) {
           wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
           wgmma_async(acc_small, wa[ks], b + (Geometry::kCopyBytes >> 4), Operand<float>{});
@@ -748,10 +743,10 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kLead> {
   static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM: one computes while the other loads or reduces
   static constexpr int kSmemBytes = kRingBytes + Mainloop::kSmemBytes + Epilogue::kSmemBytes + Producer::kSmemBytes;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm / kMinBlocksPerSm, "shared memory: two CTAs per sm_90 SM");
-  // What the design keeps live across the main loop (accumulators, register weights, staged loads), plus about 24
-  // for addresses and loop state, within the registers of kMinBlocksPerSm CTAs; ptxas reports the real count and a
-  // CPU test requires no spills.
-  static constexpr int kLiveRegisters = Mainloop::kRegisters + Producer::kRegisters;
+  // What the design keeps live across the main loop (accumulators and register weights: the producers stage in
+  // shared memory), plus about 24 for addresses and loop state, within the registers of kMinBlocksPerSm CTAs; ptxas
+  // reports the real count and a CPU test requires no spills.
+  static constexpr int kLiveRegisters = Mainloop::kRegisters;
   static_assert(kLiveRegisters + 24 <= 255 && kLiveRegisters + 24 <= 65536 / (kMinBlocksPerSm * Geometry::kThreads),
                 "register budget");
 };
@@ -963,17 +958,20 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 }
 """
 
-# wgmma shapes the instantiations use: (N, operand type, PTX type, A from shared memory).
-_WGMMA_FORMS = ((128, "float", "tf32", False), (128, "float", "tf32", True), (128, "__nv_bfloat16", "bf16", False),
-                (128, "__half", "f16", False))
+# wgmma forms the instantiations use, all m64n128 (the mainloop issues 128-column parts): (operand type, PTX type,
+# A from shared memory).
+_WGMMA_N = 128
+_WGMMA_FORMS = (("float", "tf32", False), ("float", "tf32", True), ("__nv_bfloat16", "bf16", False),
+                ("__half", "f16", False))
 
 
 def _wgmma_wrappers():
     """wgmma.mma_async wrappers, one per form in _WGMMA_FORMS: their N/2 accumulator operands are written out here
     rather than by hand. D(64 x N) += A(64 x k: registers, this warp's 16 rows, or a descriptor) * B(k x N, a
     K-major descriptor)."""
-    out = []
-    for n, elem, ptx, a_smem in _WGMMA_FORMS:
+    n = _WGMMA_N
+    out = [f"inline constexpr int kWgmmaN = {n};  // the N of every wrapper below: the mainloop's part width"]
+    for elem, ptx, a_smem in _WGMMA_FORMS:
         regs = n // 2
         k = 8 if ptx == "tf32" else 16
         d_regs = ", ".join(f"%{i}" for i in range(regs))
@@ -1095,35 +1093,44 @@ void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
 
 bool wgmma_available() { return wgmma_available_on(c10::cuda::current_device()); }
 
-// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here.
-int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
+// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise).
+struct Choice {
+  int64_t backend;
+  int kernel;
+};
+
+// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here. Run
+// once per call: the op, resolve_backend() and fused_kernel() all read its answer.
+Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
   TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
+  if (requested == kb25::kBackendCudnnEpilogue) return {requested, -1};
+  const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
+  const int kernel = fused_kernel_for(x, weight, mma_sync);
   if (requested == kb25::kBackendAuto) {
-    return fused_kernel_for(x, weight, false) >= 0 ? kb25::kBackendFused : kb25::kBackendCudnnEpilogue;
+    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel} : Choice{kb25::kBackendCudnnEpilogue, -1};
   }
-  if (requested == kb25::kBackendFused || requested == kb25::kBackendFusedMmaSync) {
-    const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
-    TORCH_CHECK_VALUE(
-        fused_kernel_for(x, weight, mma_sync) >= 0,
-        "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
-            num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
-            num(KB25_FUSED_KSIZE) +
-            (mma_sync ? std::string(" conv in float32 with TF32 convs allowed")
-                      : std::string(" conv in float32 with TF32 convs allowed, or on sm_90 float32 (strict), "
-                                    "bfloat16 or float16")) +
-            "; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
-            shape_str(weight.sizes()) + ", TF32 convs " + (conv_runs_in_tf32() ? "allowed" : "not allowed") +
-            (wgmma_available_on(x.get_device()) ? ", on sm_90" : ", not on sm_90"));
-  }
-  return requested;
+  TORCH_CHECK_VALUE(
+      kernel >= 0,
+      "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
+          num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
+          num(KB25_FUSED_KSIZE) +
+          (mma_sync ? std::string(" conv in float32 with TF32 convs allowed")
+                    : std::string(" conv in float32 with TF32 convs allowed, or on sm_90 float32 (strict), "
+                                  "bfloat16 or float16")) +
+          "; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
+          shape_str(weight.sizes()) + ", TF32 convs " + (conv_runs_in_tf32() ? "allowed" : "not allowed") +
+          (wgmma_available_on(x.get_device()) ? ", on sm_90" : ", not on sm_90"));
+  return {requested, kernel};
+}
+
+int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
+  return choose(x, weight, requested).backend;
 }
 
 // Which fused kernel a call with this backend runs: its index in FUSED_KERNELS, or -1 when none does.
 int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t backend) {
-  const int64_t chosen = resolve_backend(x, weight, backend);
-  if (chosen == kb25::kBackendCudnnEpilogue) return -1;
-  return fused_kernel_for(x, weight, chosen == kb25::kBackendFusedMmaSync);
+  return choose(x, weight, backend).kernel;
 }
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x.
@@ -1160,9 +1167,9 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   check_input(x, weight, bias);
   TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t chosen = resolve_backend(x, weight, backend);
-  if (chosen == kb25::kBackendCudnnEpilogue) return cudnn_conv_then_epilogue(x, weight, bias);
-  return fused_conv3x3_min_tanh2(x, weight, bias, fused_kernel_for(x, weight, chosen == kb25::kBackendFusedMmaSync));
+  const Choice choice = choose(x, weight, backend);
+  if (choice.kernel < 0) return cudnn_conv_then_epilogue(x, weight, bias);
+  return fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel);
 }
 
 TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) { m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2)); }

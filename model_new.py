@@ -152,8 +152,51 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
-// Generic-proxy writes to shared memory become visible to wgmma (the async proxy) after this and a barrier.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Generic-proxy writes to shared memory become visible to wgmma (the async proxy) after this and a barrier. Before
+// sm_90 there is no async proxy (and no wgmma) to publish to.
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// mbarriers (sm_80+): the producer/consumer hand-offs. wait(parity) returns once the phase of that parity has
+// completed; on a fresh barrier the phase "before" phase 0 counts as completed, so waiting on parity 1 passes.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+               " @!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#else
+  asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
+               " @!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+#endif
+}
+// Moves registers between warpgroups through the CTA's pool (sm_90a; every warp of the warpgroup executes the same
+// one); ptxas compiles the code after it to that count. kRegs == 0: no change.
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+#if KB25_HAS_WGMMA
+  if constexpr (kRegs > 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+#if KB25_HAS_WGMMA
+  if constexpr (kRegs > 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+// A barrier for the kThreads threads of one consumer warpgroup (id 0 is __syncthreads()).
+template <int kThreads>
+__device__ __forceinline__ void named_barrier(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
 
 // Round to nearest, ties away: what cuDNN's TF32 conv does to its operands (truncation would be 8e-4 off).
 __device__ __forceinline__ float round_to_tf32(float v) {
@@ -227,12 +270,12 @@ struct Operand {};
 
 // ================================================================ geometry
 // K is ordered (tap, channel): k-step ks covers channels (ks % kKStepsPerTap) * kMmaK .. + kMmaK - 1 of tap
-// ks / kKStepsPerTap = kh*3 + kw. A CTA is one warpgroup; one step is one output row segment of kTileCols pixels x
-// all kCout channels, computed from a ring of input rows (slots) in shared memory. A slot is laid out
+// ks / kKStepsPerTap = kh*3 + kw. A consumer is one warpgroup; one step is one output row segment of kTileCols pixels
+// x all kCout channels, computed from a ring of input rows (slots) in shared memory. A slot is laid out
 // [copy][channel group][column][kGroupChannels channels]: 16 bytes per (group, column), so 8 consecutive columns of
 // one group are one 8 x 16-byte core matrix wherever they start. Every tap's operand is then a plain wgmma
 // descriptor into the slot, and mma.sync's fragment loads hit 32 distinct banks.
-template <class Precision_, int kTileCols_, int kLead_>
+template <class Precision_, int kTileCols_>
 struct ConvGeometry {
   using Precision = Precision_;
   using Elem = typename Precision::Elem;
@@ -240,7 +283,7 @@ struct ConvGeometry {
   static constexpr int kCout = KB25_FUSED_COUT;
   static constexpr int kKsize = KB25_FUSED_KSIZE;
   static constexpr int kTaps = kKsize * kKsize;
-  static constexpr int kThreads = 128;
+  static constexpr int kWarpgroup = 128;  // threads of one consumer (and of the producer warpgroup)
   static constexpr int kTileCols = kTileCols_;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;
@@ -253,7 +296,6 @@ struct ConvGeometry {
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
   static constexpr int kSlotBytes = Precision::kCopies * kCopyBytes;
-  static constexpr int kLead = kLead_;  // how many steps ahead the producer starts a row
   static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
   static_assert(kPitchCols >= kInCols && kPitchCols % 8 == 0, "a slot holds a whole input row segment");
   static_assert(kTileCols % kWgmmaN == 0, "a tile is whole wgmma parts");
@@ -261,7 +303,7 @@ struct ConvGeometry {
 
 // ================================================================ scheduler
 // Step s = (n * col_blocks + cb) * OH + oy, the output row fastest: consecutive steps slide a 3-row input window
-// down one column block of one image. A CTA walks a contiguous range of steps; it divides once, then counts.
+// down one column block of one image. Each consumer walks a contiguous range of steps; it divides once, then counts.
 struct StepWalker {
   int oy, cb;
   int64_t n;
@@ -282,147 +324,131 @@ struct StepWalker {
   }
 };
 
-__device__ __forceinline__ void cta_step_range(int64_t total, int64_t& begin, int64_t& end) {
-  begin = total * blockIdx.x / gridDim.x;
-  end = total * (blockIdx.x + 1) / gridDim.x;
+// Consumer `worker` of `workers` (kConsumers per CTA) takes steps [begin, end).
+__device__ __forceinline__ void step_range(int64_t total, int64_t worker, int64_t workers, int64_t& begin,
+                                           int64_t& end) {
+  begin = total * worker / workers;
+  end = total * (worker + 1) / workers;
 }
 
-// ================================================================ producers (global -> slot)
-// Both: issue(needed, slot, x_img, y, col0) starts input row y (an empty start when not needed, which keeps the
-// count of rows in flight); complete(slot, y) finishes row y, the oldest started, and leaves it converted in its slot
-// (all threads, then a barrier, before an MMA reads it); complete_now(slot, y) finishes every row started. A thread
-// converts exactly the items it loaded, so no barrier sits in between. kLead rows are in flight at most.
-
-// fp32 operands: cp.async gathers. Item (group, column) is one 16-byte chunk of 4 channel planes; consecutive threads
-// take consecutive columns, so each of the 4 copies is coalesced across the warp. One cp.async group per issue (an
-// empty one when the row is not needed), so complete() always waits for all but the kLead - 1 newest. The
-// conversion runs in place: rounding, or the 3xTF32 split into copy 0 (big) and copy 1 (small).
-template <class Geometry>
-struct CpAsyncProducer {
-  static_assert(Geometry::kGroupChannels == 4, "fp32 items are 4 channels");
-  static constexpr int kItems = Geometry::kGroups * Geometry::kInCols;
-  static constexpr int kSmemBytes = 0;
-  static constexpr int kRingSlots = Geometry::kKsize + Geometry::kLead;  // rows land in their slot as they arrive
-  const int64_t plane;
-  const int W;
-  __device__ CpAsyncProducer(unsigned char*, const float*, int H, int W_) : plane((int64_t)H * W_), W(W_) {}
-
-  __device__ void issue(bool needed, unsigned char* slot, const float* __restrict__ x_img, int y, int col0) {
-    if (needed) {
-      const float* src_row = x_img + (int64_t)y * W + col0;
-      for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
-        const int grp = item / Geometry::kInCols, col = item - grp * Geometry::kInCols;
-        const bool valid = col0 + col < W;
-        float* dst = reinterpret_cast<float*>(slot + grp * Geometry::kGroupBytes) + col * 4;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) cp_async_4(dst + c, valid ? src_row + (grp * 4 + c) * plane + col : x_img, valid);
-      }
+// The input rows a consumer's steps bring in, in the order it uses them: the 3-row window at the first step of its
+// range and of every strip (oy == 0), then one row (oy + 2) per step. The producer walks it; the consumer counts it.
+struct RowCursor {
+  StepWalker at;
+  int64_t s;
+  const int64_t begin, end;
+  int r;
+  __device__ RowCursor(int64_t begin_, int64_t end_, int OH, int col_blocks)
+      : at(begin_, OH, col_blocks), s(begin_), begin(begin_), end(end_), r(0) {}
+  __device__ static int new_rows(bool first_of_strip) { return first_of_strip ? KB25_FUSED_KSIZE : 1; }
+  __device__ int count() const { return new_rows(s == begin || at.oy == 0); }
+  __device__ bool valid() const { return s < end; }
+  __device__ int y() const { return at.oy + KB25_FUSED_KSIZE - count() + r; }
+  __device__ void next() {
+    if (++r == count()) {
+      r = 0;
+      ++s;
+      at.advance();
     }
-    cp_async_commit();
-  }
-  __device__ void complete(unsigned char* slot, int) {
-    cp_async_wait<Geometry::kLead - 1>();
-    convert(slot);
-  }
-  __device__ void complete_now(unsigned char* slot, int) {
-    cp_async_wait<0>();
-    convert(slot);
-  }
-  __device__ void convert(unsigned char* slot) {
-    for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
-      const int grp = item / Geometry::kInCols, col = item - grp * Geometry::kInCols;
-      float4* p = reinterpret_cast<float4*>(slot + grp * Geometry::kGroupBytes) + col;
-      if constexpr (Geometry::Precision::kCopies == 1) {
-        *p = round_to_tf32(*p);
-      } else {
-        float4 big, small;
-        split_tf32(*p, big, small);
-        *p = big;
-        *reinterpret_cast<float4*>(reinterpret_cast<unsigned char*>(p) + Geometry::kCopyBytes) = small;
-      }
-    }
-    fence_proxy_async();
   }
 };
 
-// 16-bit operands (the element type is the MMA's): no conversion, but the 16 bytes of one column are 8 channel
-// planes, which cp.async (4 bytes at least) cannot gather. issue() copies the rows as they lie into a staging ring,
-// kLead rows ahead: item (group, 8-column chunk) is 8 coalesced 16-byte cp.async, one per channel. complete()
-// transposes each item in registers (8 x 8 16-bit values, byte permutes) into 8 column writes of the slot. The
-// thread that copied an item transposes it, so no barrier sits in between. Where chunks are not 16-byte aligned
-// (W % 8 != 0, or x itself) the items are loaded element by element instead, synchronously.
+// ================================================================ producer (global -> staging -> slot)
+// One producer for every precision. issue() copies an input row segment as it lies (kCin channel rows) into a
+// staging buffer: item (group, chunk) is kGroupChannels 16-byte cp.async, one per channel, each kVec columns;
+// consecutive threads take consecutive chunks, so every copy is coalesced. convert() turns the staged row into the
+// slot layout: per 4-column piece it reads kGroupChannels channel pieces (conflict-free: consecutive threads,
+// consecutive pieces), transposes them in registers, applies the precision's conversion (TF32 rounding, or the
+// 3xTF32 split into copy 0 (big) and copy 1 (small)) and writes one 16-byte column at a time. Those writes land 16 *
+// kVec bytes apart across the lanes; each lane starts at another column (and piece), so 8 lanes hit 8 distinct
+// 16-byte bank groups. The thread that copied an item converts it: no barrier in between. Where chunks are not
+// 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element instead, synchronously.
 template <class Geometry>
-struct StagedTransposeProducer {
+struct StagedProducer {
   using Elem = typename Geometry::Elem;
-  static_assert(sizeof(Elem) == 2 && Geometry::kGroupChannels == 8, "16-bit items are 8 channels x 8 columns");
-  static constexpr int kChunks = (Geometry::kInCols + 7) / 8;
-  static constexpr int kStagePitch = kChunks * 8;  // elements of one channel row
-  static constexpr int kStageBytes = Geometry::kCin * kStagePitch * 2;
-  static constexpr int kSmemBytes = Geometry::kLead * kStageBytes;
+  using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
+  using Piece = std::conditional_t<sizeof(Elem) == 4, uint4, uint2>;  // 4 columns of one channel
+  static constexpr int kVec = Geometry::kGroupChannels;  // elements per 16 bytes: channels per column, columns per chunk
+  static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
+  static constexpr int kStagePitch = kChunks * kVec;  // elements of one channel row
+  static constexpr int kStageBytes = Geometry::kCin * kStagePitch * (int)sizeof(Elem);
   static constexpr int kItems = Geometry::kGroups * kChunks;
-  static constexpr int kRingSlots = Geometry::kKsize + 1;  // rows land in their slot only when they are completed
-  static_assert(kStagePitch <= Geometry::kPitchCols, "a transposed chunk stays inside the slot");
-  unsigned char* const stage;
+  static constexpr int kPieces = kVec / 4;
+  static_assert(kStagePitch <= Geometry::kPitchCols, "a converted chunk stays inside the slot");
   const int64_t plane;
-  const int W;
+  const int W, tid, threads;
   const bool vec16;
-  __device__ StagedTransposeProducer(unsigned char* smem, const Elem* x, int H, int W_)
-      : stage(smem), plane((int64_t)H * W_), W(W_),
-        vec16(W_ % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
-  __device__ uint16_t* staged_row(int y) const {
-    return reinterpret_cast<uint16_t*>(stage + (y % Geometry::kLead) * kStageBytes);
-  }
+  __device__ StagedProducer(const Elem* x, int H, int W_, int tid_, int threads_)
+      : plane((int64_t)H * W_), W(W_), tid(tid_), threads(threads_),
+        vec16(W_ % kVec == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
 
-  __device__ void issue(bool needed, unsigned char*, const Elem* __restrict__ x_img, int y, int col0) {
-    if (needed) {
-      const uint16_t* src_row = reinterpret_cast<const uint16_t*>(x_img) + (int64_t)y * W + col0;
-      uint16_t* dst_row = staged_row(y);
-      for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
-        const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
+  __device__ void issue(unsigned char* stage, const Elem* __restrict__ x_img, int y, int col0) const {
+    const Bits* src_row = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0;
+    for (int item = tid; item < kItems; item += threads) {
+      const int grp = item / kChunks, col = kVec * (item - grp * kChunks);
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const int ch = grp * 8 + c;
-          uint16_t* dst = dst_row + ch * kStagePitch + col;
-          const uint16_t* src = src_row + ch * plane + col;
-          if (vec16) {
-            const bool valid = col0 + col < W;  // W % 8 == 0: a chunk is wholly inside or wholly outside
-            cp_async_16(dst, valid ? src : reinterpret_cast<const uint16_t*>(x_img), valid);
-          } else {
+      for (int c = 0; c < kVec; ++c) {
+        const int ch = grp * kVec + c;
+        Bits* dst = reinterpret_cast<Bits*>(stage) + ch * kStagePitch + col;
+        const Bits* src = src_row + ch * plane + col;
+        if (vec16) {
+          const bool valid = col0 + col < W;  // W % kVec == 0: a chunk is wholly inside or wholly outside
+          cp_async_16(dst, valid ? src : reinterpret_cast<const Bits*>(x_img), valid);
+        } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) dst[e] = col0 + col + e < W ? src[e] : uint16_t(0);
-          }
+          for (int e = 0; e < kVec; ++e) dst[e] = col0 + col + e < W ? src[e] : Bits(0);
         }
       }
     }
-    cp_async_commit();
   }
-  __device__ void complete(unsigned char* slot, int y) {
-    cp_async_wait<Geometry::kLead - 1>();
-    transpose(slot, y);
-  }
-  __device__ void complete_now(unsigned char* slot, int y) {
-    cp_async_wait<0>();
-    transpose(slot, y);
-  }
-  // Channel c's 16 bytes hold columns 0..7 as 4 words; column j's 16 bytes are channel pairs (2q, 2q+1).
-  __device__ void transpose(unsigned char* slot, int y) {
-    const uint16_t* src_row = staged_row(y);
-    for (int item = threadIdx.x; item < kItems; item += Geometry::kThreads) {
-      const int grp = item / kChunks, col = 8 * (item - grp * kChunks);
-      uint4 r[8];
+
+  __device__ void convert(const unsigned char* stage, unsigned char* slot) const {
+    for (int item = tid; item < kItems; item += threads) {
+      const int grp = item / kChunks, chunk = item - grp * kChunks;
+      const Bits* src = reinterpret_cast<const Bits*>(stage) + grp * kVec * kStagePitch + chunk * kVec;
+      unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) r[c] = *reinterpret_cast<const uint4*>(src_row + (grp * 8 + c) * kStagePitch + col);
-      uint4* dst = reinterpret_cast<uint4*>(slot + grp * Geometry::kGroupBytes) + col;
+      for (int pp = 0; pp < kPieces; ++pp) {
+        const int piece = (pp + chunk) % kPieces;
+        Piece v[kVec];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;
-        const int w = j >> 1;
-        auto word = [&](const uint4& v) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; };
-        dst[j] = make_uint4(__byte_perm(word(r[0]), word(r[1]), sel), __byte_perm(word(r[2]), word(r[3]), sel),
-                            __byte_perm(word(r[4]), word(r[5]), sel), __byte_perm(word(r[6]), word(r[7]), sel));
+        for (int c = 0; c < kVec; ++c) v[c] = *reinterpret_cast<const Piece*>(src + c * kStagePitch + 4 * piece);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = (jj + (chunk >> 1)) & 3;
+          store_column(dst + (4 * piece + j) * 16, column(v, j));
+        }
       }
     }
-    fence_proxy_async();
+  }
+  // Column j of the piece: word c is channel c's value (fp32), or channels 2c, 2c+1 (16-bit).
+  __device__ static uint4 column(const Piece (&v)[kVec], int j) {
+    if constexpr (sizeof(Elem) == 4) {
+      return make_uint4(pick(v[0], j), pick(v[1], j), pick(v[2], j), pick(v[3], j));
+    } else {
+      const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;
+      const int w = j >> 1;
+      return make_uint4(__byte_perm(pick(v[0], w), pick(v[1], w), sel), __byte_perm(pick(v[2], w), pick(v[3], w), sel),
+                        __byte_perm(pick(v[4], w), pick(v[5], w), sel), __byte_perm(pick(v[6], w), pick(v[7], w), sel));
+    }
+  }
+  __device__ static uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+  __device__ static uint32_t pick(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
+  __device__ static void store_column(unsigned char* dst, uint4 v) {
+    using Precision = typename Geometry::Precision;
+    if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
+      const float4 f = round_to_tf32(make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                                                 __uint_as_float(v.w)));
+      *reinterpret_cast<float4*>(dst) = f;
+    } else if constexpr (std::is_same<Precision, Tf32x3>::value) {
+      float4 big, small;
+      split_tf32(make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)),
+                 big, small);
+      *reinterpret_cast<float4*>(dst) = big;
+      *reinterpret_cast<float4*>(dst + Geometry::kCopyBytes) = small;
+    } else {
+      *reinterpret_cast<uint4*>(dst) = v;
+    }
   }
 };
 
@@ -457,7 +483,7 @@ struct WgmmaMainloop {
   static constexpr bool kSplit = Precision::kCopies == 2;
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
   using Accum = float[kNBlocks][4];
-  // The tile's columns go to the tensor cores as parts of 128, one commit group each: the epilogue of part 0 runs
+  // The tile's columns go to the tensor cores as parts of kWgmmaN, one commit group each: the epilogue of part 0 runs
   // while part 1 is still being multiplied.
   static constexpr int kParts = Geometry::kTileCols / kWgmmaN;
   static constexpr int kPartBlocks = kNBlocks / kParts;
@@ -472,17 +498,18 @@ struct WgmmaMainloop {
   __device__ static Part& part(Accum& acc, int p) { return reinterpret_cast<Part&>(acc[p * kPartBlocks]); }
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
 
+  const uint64_t small_desc;
   uint32_t wa[Geometry::kKSteps][4];
   float bias_lo, bias_hi;
-  uint64_t small_desc;
   // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation
   // loses up to an ulp of the accumulator per instruction, so the big sum gets 18 instructions instead of 54.
   float acc_small[kSplit ? kNBlocks : 1][4];
 
   // Warp w holds output channels (rows) 16w + g and 16w + g + 8 at k = t*kElemsPerReg (+ kMmaK/2) of every k-step,
-  // in A-fragment order: register i is row g + 8*(i & 1), k half i >> 1.
-  __device__ WgmmaMainloop(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // in A-fragment order: register i is row g + 8*(i & 1), k half i >> 1. ctid: the thread within its warpgroup.
+  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b, int ctid)
+      : small_desc(kSplit ? wgmma_desc(smem, kAKBytes, 128) : 0) {
+    const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
@@ -496,10 +523,12 @@ struct WgmmaMainloop {
     }
     bias_lo = static_cast<float>(b[warp * 16 + g]);
     bias_hi = static_cast<float>(b[warp * 16 + g + 8]);
-    small_desc = 0;
+  }
+  // What the consumers share, written by all of the CTA's threads before they split into roles.
+  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__) {
     if constexpr (kSplit) {
       float* a_small = reinterpret_cast<float*>(smem);
-      for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * 8; i += Geometry::kThreads) {
+      for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * 8; i += blockDim.x) {
         const int ks = i / (Geometry::kCout * 8), co = (i / 8) % Geometry::kCout, kk = i % 8;
         const int ci = (ks % Geometry::kKStepsPerTap) * 8 + kk;
         float big, small;
@@ -510,8 +539,7 @@ struct WgmmaMainloop {
         if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
         a_small[ks * (kAStepBytes / 4) + (kk / 4) * (kAKBytes / 4) + (co / 8) * 32 + (co % 8) * 4 + kk % 4] = small;
       }
-      fence_proxy_async();  // published to wgmma by the barrier of the first window fill
-      small_desc = wgmma_desc(smem, kAKBytes, 128);
+      fence_proxy_async();  // published to wgmma by the barrier before the roles split
     }
   }
 
@@ -587,13 +615,17 @@ struct MmaSyncMainloop {
 
   const float* wsm;
   const float* bsm;
+  const int ctid;
 
+  __device__ MmaSyncMainloop(const unsigned char* smem, const float* __restrict__, const float* __restrict__,
+                             int ctid_)
+      : wsm(reinterpret_cast<const float*>(smem)), bsm(reinterpret_cast<const float*>(smem) + kWeightFloats),
+        ctid(ctid_) {}
   // float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment
   // element b[e&1] of n-tile 2q + e/2, i.e. B[k = t + 4*(e&1)][n = g]: one conflict-free 16-byte load per pair.
-  __device__ MmaSyncMainloop(unsigned char* smem, const float* __restrict__ w, const float* __restrict__ b)
-      : wsm(reinterpret_cast<float*>(smem)), bsm(reinterpret_cast<float*>(smem) + kWeightFloats) {
+  __device__ static void stage_shared(unsigned char* smem, const float* __restrict__ w, const float* __restrict__ b) {
     float* wdst = reinterpret_cast<float*>(smem);
-    for (int i = threadIdx.x; i < kWeightFloats; i += Geometry::kThreads) {
+    for (int i = threadIdx.x; i < kWeightFloats; i += blockDim.x) {
       const int e = i & 3, lane = (i >> 2) & 31;
       const int q = (i >> 7) % (kNTiles / 2);
       const int ks = (i >> 7) / (kNTiles / 2);
@@ -601,13 +633,13 @@ struct MmaSyncMainloop {
       const int ci = (ks % Geometry::kKStepsPerTap) * 8 + (lane & 3) + 4 * (e & 1);
       wdst[i] = round_to_tf32(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
     }
-    for (int i = threadIdx.x; i < Geometry::kCout; i += Geometry::kThreads) wdst[kWeightFloats + i] = b[i];
+    for (int i = threadIdx.x; i < Geometry::kCout; i += blockDim.x) wdst[kWeightFloats + i] = b[i];
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile. A fragment
   // (m16n8k8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]; channel t + 4 is the next group.
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW) {
-    const int lane = threadIdx.x & 31, warp_col = (threadIdx.x >> 5) * kWarpCols;
+    const int lane = ctid & 31, warp_col = (ctid >> 5) * kWarpCols;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * (lane & 3));
@@ -650,9 +682,9 @@ struct MmaSyncMainloop {
 
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
 // 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
-// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes kTileCols / kThreads pixels.
-// Part by part (WgmmaMainloop::kParts), each with its own reduction buffer, so part 1's partial minima never
-// overwrite part 0's while slower threads still read them.
+// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes kTileCols / 128 pixels. The consumer's
+// 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per part, or per step),
+// so a buffer is refilled only after the barrier of the other one, which every thread reaches after reading it.
 template <class Geometry>
 struct WgmmaEpilogue {
   using Mainloop = WgmmaMainloop<Geometry>;
@@ -660,16 +692,21 @@ struct WgmmaEpilogue {
   static constexpr int kPartBlocks = Mainloop::kPartBlocks;
   static constexpr int kRedRows = 16;
   static constexpr int kRedPitch = kPartCols + 8;  // rows 8 words apart: 2-way conflicts at most
-  static constexpr int kSmemBytes = Mainloop::kParts * kRedRows * kRedPitch * 4;
+  static constexpr int kBufferFloats = kRedRows * kRedPitch;
+  static constexpr int kSmemBytes = 2 * kBufferFloats * 4;  // per consumer
   float* const red;
-  __device__ explicit WgmmaEpilogue(unsigned char* smem) : red(reinterpret_cast<float*>(smem)) {}
+  const int barrier_id, ctid;
+  int turn = 0;
+  __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_)
+      : red(reinterpret_cast<float*>(smem)), barrier_id(1 + consumer), ctid(ctid_) {}
 
   __device__ void store(const typename Mainloop::Accum& acc, int part, typename Geometry::Elem* out_row, int col0,
                         int OW) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    float* const red_part = red + part * kRedRows * kRedPitch;
-    float* red_row = red_part + (warp * 4 + (g >> 1)) * kRedPitch + 2 * t;
+    float* const buffer = red + turn * kBufferFloats;
+    turn ^= 1;
+    float* red_row = buffer + (warp * 4 + (g >> 1)) * kRedPitch + 2 * t;
 #pragma unroll
     for (int j = 0; j < kPartBlocks; ++j) {
       const float(&a)[4] = acc[part * kPartBlocks + j];
@@ -679,13 +716,13 @@ struct WgmmaEpilogue {
       m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
       if ((j >= kPartBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
     }
-    __syncthreads();
+    named_barrier<Geometry::kWarpgroup>(barrier_id);
     const int part_col0 = col0 + part * kPartCols;
 #pragma unroll
-    for (int p = threadIdx.x; p < kPartCols; p += Geometry::kThreads) {
-      float v = red_part[p];
+    for (int p = ctid; p < kPartCols; p += Geometry::kWarpgroup) {
+      float v = buffer[p];
 #pragma unroll
-      for (int r = 1; r < kRedRows; ++r) v = nan_min(v, red_part[r * kRedPitch + p]);
+      for (int r = 1; r < kRedRows; ++r) v = nan_min(v, buffer[r * kRedPitch + p]);
       if (part_col0 + p < OW) out_row[part_col0 + p] = static_cast<typename Geometry::Elem>(tanh2(v));
     }
   }
@@ -697,10 +734,11 @@ template <class Geometry>
 struct MmaSyncEpilogue {
   using Mainloop = MmaSyncMainloop<Geometry>;
   static constexpr int kSmemBytes = 0;
-  __device__ explicit MmaSyncEpilogue(unsigned char*) {}
+  const int ctid;
+  __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_) : ctid(ctid_) {}
 
   __device__ void store(const typename Mainloop::Accum& acc, int, float* out_row, int col0, int OW) {
-    const int lane = threadIdx.x & 31;
+    const int lane = ctid & 31;
     const int g = lane >> 2, t = lane & 3;
     float lo_t = 0.f, hi_t = 0.f;
 #pragma unroll
@@ -721,7 +759,7 @@ struct MmaSyncEpilogue {
         hi_t = hi;
       }
     }
-    const int col = col0 + (threadIdx.x >> 5) * Mainloop::kWarpCols + t * 16 + g;
+    const int col = col0 + (ctid >> 5) * Mainloop::kWarpCols + t * 16 + g;
     if (col < OW) out_row[col] = tanh2(lo_t);
     if (col + 8 < OW) out_row[col + 8] = tanh2(hi_t);
   }
@@ -730,87 +768,141 @@ struct MmaSyncEpilogue {
 // ================================================================ traits: one per (arch, precision)
 enum class MmaKind { kMmaSync, kWgmma };
 
-template <MmaKind kMma, class Precision, int kTileCols, int kLead>
-struct FusedTraits : ConvGeometry<Precision, kTileCols, kLead> {
-  using Geometry = ConvGeometry<Precision, kTileCols, kLead>;
+// A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
+// steps, its own ring of kRing input-row slots with a full and an empty mbarrier each, and its own kStages staging
+// rows; the producer's warps are split evenly between the consumers.
+template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kStages_>
+struct FusedTraits : ConvGeometry<Precision, kTileCols> {
+  using Geometry = ConvGeometry<Precision, kTileCols>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
   using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
   using Epilogue = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Geometry>, MmaSyncEpilogue<Geometry>>;
-  using Producer = std::conditional_t<sizeof(typename Geometry::Elem) == 4, CpAsyncProducer<Geometry>,
-                                      StagedTransposeProducer<Geometry>>;
-  static constexpr int kRing = Producer::kRingSlots;
+  using Producer = StagedProducer<Geometry>;
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
+  static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
+  static constexpr int kStages = kStages_;
+  static constexpr int kRing = Geometry::kKsize + 1;  // the window + the row being converted
+  // Shared memory: per consumer its ring, staging and reduction buffers; then what the consumers share; then the
+  // mbarriers (full, empty) per slot.
   static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
-  static constexpr int kMinBlocksPerSm = 2;  // two CTAs per SM: one computes while the other loads or reduces
-  static constexpr int kSmemBytes = kRingBytes + Mainloop::kSmemBytes + Epilogue::kSmemBytes + Producer::kSmemBytes;
-  static_assert(kSmemBytes + 1024 <= kSmemPerSm / kMinBlocksPerSm, "shared memory: two CTAs per sm_90 SM");
-  // What the design keeps live across the main loop (accumulators and register weights: the producers stage in
-  // shared memory), plus about 24 for addresses and loop state, within the registers of kMinBlocksPerSm CTAs; ptxas
-  // reports the real count and a CPU test requires no spills.
-  static constexpr int kLiveRegisters = Mainloop::kRegisters;
-  static_assert(kLiveRegisters + 24 <= 255 && kLiveRegisters + 24 <= 65536 / (kMinBlocksPerSm * Geometry::kThreads),
-                "register budget");
+  static constexpr int kConsumerBytes = kRingBytes + kStages * Producer::kStageBytes + Epilogue::kSmemBytes;
+  static constexpr int kSharedOffset = kConsumers * kConsumerBytes;
+  static constexpr int kBarrierOffset = kSharedOffset + Mainloop::kSmemBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + kConsumers * kRing * 2 * 8;
+  static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
+  static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory: one CTA per sm_90 SM");
+  // Registers: the CTA launches with its share of the register file per thread (kLaunchRegisters). With wgmma the
+  // producer hands kShiftRegisters of its own to each consumer thread (setmaxnreg): what a consumer keeps live
+  // across its loop (accumulators and register weights) plus about 24 for addresses and loop state must fit.
+  // (ptxas, tile 256: a producer cut to 40 or 56 registers spills, so the tile is 128.) ptxas reports the real
+  // counts and a CPU test requires no spills.
+  static constexpr int kLaunchRegisters = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
+  static constexpr int kShiftRegisters = kUsesWgmma && kConsumers == 2 ? 8 : 0;
+  static constexpr int kConsumerRegisters = kLaunchRegisters + kShiftRegisters;
+  static constexpr int kProducerRegisters = kLaunchRegisters - kConsumers * kShiftRegisters;
+  static_assert(Mainloop::kRegisters + 24 <= kConsumerRegisters, "register budget");
 };
 
-// The instantiations: (arch, precision) -> tile columns and producer lead.
-using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 1>;  // two operand copies: half the tile
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 3>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 3>;
+// The instantiations: (arch, precision) -> tile columns, consumers, staging rows.
+using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 2>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 128, 2, 2>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 64, 2, 2>;  // two accumulators: half the tile
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 128, 2, 2>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 128, 2, 2>;
 
 // ================================================================ the kernel
-// Persistent: each CTA walks its range of steps. A strip change (new image or column block) refills the 3-row
-// window; otherwise the producer starts row oy+2+kLead, the mainloop issues row oy's MMAs, the producer completes
-// row oy+3 while they run, and the epilogue reduces and stores.
+// Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor): copy row d + kStages into
+// staging while row d is converted into its slot once the consumer has released the slot's previous row. Each
+// consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window, release the rows no
+// later step needs once the MMAs have read them, and reduce and store while the other consumer multiplies.
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
+__global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              int H, int W, int64_t total_steps) {
   if constexpr (!Traits::kUsesWgmma || kHasWgmma) {
     using Elem = typename Traits::Elem;
+    constexpr int kRing = Traits::kRing, kStages = Traits::kStages;
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char* const ring = smem;
-    typename Traits::Mainloop mainloop(smem + Traits::kRingBytes, w, b);  // published by the first fill's barrier
-    typename Traits::Epilogue epilogue(smem + Traits::kRingBytes + Traits::Mainloop::kSmemBytes);
-    typename Traits::Producer producer(
-        smem + Traits::kRingBytes + Traits::Mainloop::kSmemBytes + Traits::Epilogue::kSmemBytes, x, H, W);
+    unsigned char* const shared = smem + Traits::kSharedOffset;
+    uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
+    auto ring = [&](int c) { return smem + c * Traits::kConsumerBytes; };
+    auto staging = [&](int c) { return ring(c) + Traits::kRingBytes; };
+    // Row counters are 32-bit: kRing divides 2^32, so slot and phase stay right if one wraps.
+    auto full = [&](int c, uint32_t d) { return barriers + (c * kRing + d % kRing) * 2; };
+    auto empty = [&](int c, uint32_t d) { return full(c, d) + 1; };
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < Traits::kConsumers * kRing; ++i) {
+        mbarrier_init(barriers + 2 * i, Traits::kProducerThreads);
+        mbarrier_init(barriers + 2 * i + 1, Traits::kWarpgroup);
+      }
+    }
+    Traits::Mainloop::stage_shared(shared, w, b);
+    __syncthreads();
+
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
     const int col_blocks = (OW + Traits::kTileCols - 1) / Traits::kTileCols;
-    auto slot = [&](int y) { return ring + (y % Traits::kRing) * Traits::kSlotBytes; };
-
-    int64_t s_begin, s_end;
-    cta_step_range(total_steps, s_begin, s_end);
-    StepWalker at(s_begin, OH, col_blocks);
-    for (int64_t s = s_begin; s < s_end; ++s, at.advance()) {
-      const int oy = at.oy, col0 = at.cb * Traits::kTileCols;
-      const Elem* x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
-      // Row oy + r is needed when step s + r - 2 exists in this CTA's range and strip.
-      auto needed = [&](int r) { return s + r - 2 < s_end && oy + r - 2 < OH; };
-      if (s == s_begin || oy == 0) {
-        for (int r = 0; r < Traits::kKsize; ++r) {
-          producer.issue(true, slot(oy + r), x_img, oy + r, col0);
-          producer.complete_now(slot(oy + r), oy + r);
+    const int role = threadIdx.x / Traits::kWarpgroup;  // 0: producer, 1..: consumers
+    if (role == 0) {
+      release_registers<Traits::kShiftRegisters ? Traits::kProducerRegisters : 0>();
+      const int c = threadIdx.x / Traits::kProducerThreads;
+      int64_t begin, end;
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
+      const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads,
+                                               Traits::kProducerThreads);
+      auto stage = [&](uint32_t d) { return staging(c) + (d % kStages) * Traits::Producer::kStageBytes; };
+      RowCursor ahead(begin, end, OH, col_blocks);
+      uint32_t issued = 0;
+      auto issue_next = [&]() {
+        if (ahead.valid()) {
+          producer.issue(stage(issued), x + ahead.at.n * Traits::kCin * ((int64_t)H * W), ahead.y(),
+                         ahead.at.cb * Traits::kTileCols);
+          ahead.next();
+          ++issued;
         }
-        __syncthreads();
-        for (int r = Traits::kKsize; r < Traits::kKsize + Traits::kLead - 1; ++r)
-          producer.issue(needed(r), slot(oy + r), x_img, oy + r, col0);
+        cp_async_commit();
+      };
+      for (int i = 0; i < kStages; ++i) issue_next();
+      for (uint32_t d = 0; d != issued; ++d) {
+        cp_async_wait<kStages - 1>();
+        mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);  // the slot's previous row is released
+        producer.convert(stage(d), ring(c) + (d % kRing) * Traits::kSlotBytes);
+        fence_proxy_async();
+        mbarrier_arrive(full(c, d));
+        issue_next();  // into the staging row just converted (this thread's own items)
       }
-      // Row oy+2+kLead goes to the slot that row oy-1 used; the barrier that closed the last step freed it.
-      const int ahead = Traits::kKsize - 1 + Traits::kLead;
-      producer.issue(needed(ahead), slot(oy + ahead), x_img, oy + ahead, col0);
-
-      typename Traits::Mainloop::Accum acc;
-      unsigned char* const rows[3] = {slot(oy), slot(oy + 1), slot(oy + 2)};
-      mainloop.start(acc, rows, col0, OW);
-      if (needed(Traits::kKsize)) producer.complete(slot(oy + Traits::kKsize), oy + Traits::kKsize);
-      Elem* const out_row = out + (at.n * OH + oy) * (int64_t)OW;
+    } else {
+      claim_registers<Traits::kShiftRegisters ? Traits::kConsumerRegisters : 0>();
+      const int c = role - 1, ctid = threadIdx.x % Traits::kWarpgroup;
+      int64_t begin, end;
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
+      typename Traits::Mainloop mainloop(shared, w, b, ctid);
+      typename Traits::Epilogue epilogue(ring(c) + Traits::kRingBytes + kStages * Traits::Producer::kStageBytes, c,
+                                         ctid);
+      auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
+      StepWalker at(begin, OH, col_blocks);
+      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      for (int64_t s = begin; s < end; ++s, at.advance()) {
+        const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
+        for (int i = 0; i < fresh; ++i, ++rows) mbarrier_wait(full(c, rows), (rows / kRing) & 1);
+        const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
+        typename Traits::Mainloop::Accum acc;
+        unsigned char* const window[3] = {slot(rows - 3), slot(rows - 2), slot(rows - 1)};
+        const int col0 = at.cb * Traits::kTileCols;
+        mainloop.start(acc, window, col0, OW);
+        Elem* const out_row = out + (at.n * OH + at.oy) * (int64_t)OW;
 #pragma unroll
-      for (int p = 0; p < Traits::Mainloop::kParts; ++p) {
-        mainloop.finish(acc, p);
-        epilogue.store(acc, p, out_row, col0, OW);
+        for (int p = 0; p < Traits::Mainloop::kParts; ++p) {
+          mainloop.finish(acc, p);
+          if (p == Traits::Mainloop::kParts - 1) {  // the MMAs have read the window: free what no later step uses
+            for (uint32_t d = rows - 3; d != (strip_ends ? rows : rows - 2); ++d) mbarrier_arrive(empty(c, d));
+          }
+          epilogue.store(acc, p, out_row, col0, OW);
+        }
       }
-      __syncthreads();
     }
   }
 }
@@ -891,8 +983,7 @@ static cudaError_t launch_fused(const void* x, const void* w, const void* b, voi
     if (err != cudaSuccess) return err;
     if (device < 64) smem_opted_in[device] = true;
   }
-  const int64_t resident = (int64_t)num_sms * Traits::kMinBlocksPerSm;
-  const int grid = (int)(steps < resident ? steps : resident);
+  const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
       static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
       H, W, steps);
@@ -960,7 +1051,7 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 
 # wgmma forms the instantiations use, all m64n128 (the mainloop issues 128-column parts): (operand type, PTX type,
 # A from shared memory).
-_WGMMA_N = 128
+_WGMMA_N = 64
 _WGMMA_FORMS = (("float", "tf32", False), ("float", "tf32", True), ("__nv_bfloat16", "bf16", False),
                 ("__half", "f16", False))
 

@@ -21,6 +21,8 @@ import harness
 import reference
 
 COMPILED_REFERENCES = ("compile_default", "compile_max_autotune")
+# Other people's implementations of the same model: ModelNew's speedup is also given against the fastest of them.
+PEERS = ("eager", "compile_default", "compile_max_autotune", "cudnn_graph")
 # The other precisions a user can ask of the model (harness.PRECISIONS: TF32 setting, dtype, tolerance, float64 bound).
 MODES = ("strict_fp32", "bf16", "fp16")
 TF32_FLOOR_MS = 0.37  # 152.2 GFLOP at the 413 TFLOP/s measured for a TF32 GEMM on an H200 (docs/perf-notes.md)
@@ -40,9 +42,13 @@ def parse_args():
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
+    p.add_argument("--spread-processes", type=int, default=3,
+                   help="fresh processes that each time ModelNew on a fresh input (0: skip; at least 3 otherwise)")
     args = p.parse_args()
     if args.trials < 20:
         p.error("--trials must be at least 20")
+    if 0 < args.spread_processes < 3:
+        p.error(f"--spread-processes must be 0 or at least 3, got {args.spread_processes}")
     return args
 
 
@@ -71,6 +77,67 @@ def measure_import():
     return out
 
 
+def make_cudnn_graph(ref, x):
+    """The whole model as one cuDNN graph (conv_fprop -> bias -> tanh -> tanh -> reduction MIN over the channels;
+    tanh is monotone, so taking the min last gives the same values), through cuDNN's frontend (the optional
+    `nvidia-cudnn-frontend` package). fp32 operands with fp32 compute; cuDNN's top-ranked plan decides TF32 itself,
+    and the output is checked like every other row. Returns fn(x) -> output."""
+    import cudnn
+
+    weight, bias = ref.conv.weight.detach(), ref.conv.bias.detach().reshape(1, -1, 1, 1)
+    n, _, h, w = x.shape
+    k = weight.shape[-1]
+    out = torch.empty((n, 1, h - k + 1, w - k + 1), device=x.device, dtype=x.dtype)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    f32 = cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(handle=handle, io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32)
+    x_t, w_t, b_t = graph.tensor_like(x), graph.tensor_like(weight), graph.tensor_like(bias)
+    y = graph.conv_fprop(image=x_t, weight=w_t, padding=[0, 0], stride=[1, 1], dilation=[1, 1], compute_data_type=f32)
+    y = graph.tanh(input=graph.tanh(input=graph.bias(input=y, bias=b_t)))
+    m = graph.reduction(input=y, mode=cudnn.reduction_mode.MIN, compute_data_type=f32)
+    m.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(f32)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    workspace = torch.empty(max(graph.get_workspace_size(), 1), device=x.device, dtype=torch.uint8)
+
+    def forward(inp):
+        graph.execute({x_t: inp, w_t: weight, b_t: bias, m: out}, workspace, handle=handle)
+        return out
+
+    return forward
+
+
+SPREAD_CODE = """
+import statistics, sys, torch, harness
+torch.backends.cudnn.allow_tf32 = True
+seed, trials, warmup = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+new = harness.make_models(0, device="cuda")[1].eval()
+x = harness.make_input(seed=seed, device="cuda")
+with torch.no_grad():
+    print(statistics.median(harness.time_cuda(lambda: new(x), trials=trials, warmup=warmup)))
+"""
+
+
+def measure_spread(args):
+    """ModelNew's median in fresh processes, each with its own input allocation (seed): the spread between them."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    medians = []
+    for i in range(args.spread_processes):
+        log(f"  spread: process {i + 1}/{args.spread_processes} ...")
+        proc = subprocess.run([sys.executable, "-c", SPREAD_CODE, str(args.seed + 100 + i), str(args.trials),
+                               str(args.warmup)], cwd=here, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr)
+        medians.append(float(proc.stdout.strip().splitlines()[-1]))
+    ordered = sorted(medians)
+    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1],
+            "processes": len(medians), "medians": medians}
+
+
 def draw(rows, result, path):
     """Median ms per variant (log scale) with min-max whiskers and the TF32 floor."""
     import matplotlib
@@ -84,8 +151,8 @@ def draw(rows, result, path):
     ys = range(len(timed))
     medians = [t["median"] for _, t in timed]
     whiskers = [[t["median"] - t["min"] for _, t in timed], [t["max"] - t["median"] for _, t in timed]]
-    ax.barh(ys, medians, xerr=whiskers, color=["tab:gray" if "compile" in n or n == "eager" else "tab:blue"
-                                                for n, _ in timed], capsize=3)
+    ax.barh(ys, medians, xerr=whiskers, color=["tab:gray" if n in PEERS else "tab:blue" for n, _ in timed],
+            capsize=3)
     for y, (_, t) in zip(ys, timed):
         ax.text(t["max"] * 1.04, y, f"{t['median']:.3f}", va="center", fontsize=8)
     ax.axvline(TF32_FLOOR_MS, color="tab:red", linestyle="--", label=f"TF32 floor {TF32_FLOOR_MS} ms")
@@ -197,6 +264,12 @@ def main():
             ("compile_default", torch.compile(ref)),
             ("compile_max_autotune", torch.compile(ref, mode="max-autotune-no-cudagraphs")),
         ]
+    cudnn_graph_note = None
+    try:
+        variants.append(("cudnn_graph", make_cudnn_graph(ref, x)))
+    except ImportError as e:
+        cudnn_graph_note = f"not timed: the optional nvidia-cudnn-frontend package is not installed ({e})"
+        log(f"[cudnn_graph] {cudnn_graph_note}")
     variants += [(backend, model_with(backend)) for backend in ("cudnn_epilogue", "fused_mma_sync", "fused")]
     variants += [("model_new", new)]
     if not args.skip_compile:
@@ -209,6 +282,7 @@ def main():
     del variants
     torch._dynamo.reset()
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
+    spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):
         return rows.get(name, {}).get("time_ms", {}).get("median")
 
@@ -224,7 +298,10 @@ def main():
         "fused_mma_sync": med("fused_mma_sync"),
         "model_new": med("model_new"),
         "model_new_compiled": med("model_new_compiled"),
+        "cudnn_graph": med("cudnn_graph"),
     }
+    peers = {name: med(name) for name in PEERS if med(name) is not None}
+    best_peer = min(peers, key=peers.get)
     compiled_row = rows.get("model_new_compiled", {})
     result = {
         "device": torch.cuda.get_device_name(),
@@ -240,7 +317,11 @@ def main():
         "speedup": {
             "vs_eager": ms["eager"] / ms["model_new"] if ms["model_new"] else None,
             "vs_compile": best_compile / ms["model_new"] if best_compile and ms["model_new"] else None,
+            "vs_best_peer": peers[best_peer] / ms["model_new"] if ms["model_new"] else None,
+            "best_peer": best_peer,
         },
+        "cudnn_graph_note": cudnn_graph_note,
+        "spread": spread,
         "correct": rows["model_new"]["correct"],
         "variants": rows,
         "compile_fullgraph": bool(compiled_row.get("correct", {}).get("allclose_1e-4")) and "time_ms" in compiled_row,
@@ -273,6 +354,11 @@ def main():
             f"{k} {v:.2f}x" for k, v in entry["speedup"].items()) + f" | max abs diff {entry['max_abs_diff']:.2e} "
             f"(tol {entry['tol']:g}), vs float64 {entry['max_abs_error_vs_float64']['model_new'] or float('nan'):.2e} "
             f"(reference {entry['max_abs_error_vs_float64']['reference']:.2e}), correct: {entry['correct']}")
+    log(f"best peer: {best_peer} {peers[best_peer]:.3f} ms; ModelNew {result['speedup']['vs_best_peer']:.2f}x faster")
+    if spread:
+        sp = spread["model_new"]
+        log(f"ModelNew median over {sp['processes']} fresh processes: min {sp['min']:.3f}, median {sp['median']:.3f}, "
+            f"max {sp['max']:.3f} ms ({', '.join(f'{v:.3f}' for v in sp['medians'])})")
     log(f"host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in host_us.items()))
     if import_s:
         log(f"import model_new: first (compile) {import_s['first']:.1f} s, cached {import_s['cached']:.2f} s")

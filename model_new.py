@@ -178,20 +178,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
                " @!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 #endif
 }
-// Moves registers between warpgroups through the CTA's pool (sm_90a; every warp of the warpgroup executes the same
-// one); ptxas compiles the code after it to that count. kRegs == 0: no change.
-template <int kRegs>
-__device__ __forceinline__ void release_registers() {
-#if KB25_HAS_WGMMA
-  if constexpr (kRegs > 0) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
-}
-template <int kRegs>
-__device__ __forceinline__ void claim_registers() {
-#if KB25_HAS_WGMMA
-  if constexpr (kRegs > 0) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-#endif
-}
 // A barrier for the kThreads threads of one consumer warpgroup (id 0 is __syncthreads()).
 template <int kThreads>
 __device__ __forceinline__ void named_barrier(int id) {
@@ -298,7 +284,6 @@ struct ConvGeometry {
   static constexpr int kSlotBytes = Precision::kCopies * kCopyBytes;
   static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
   static_assert(kPitchCols >= kInCols && kPitchCols % 8 == 0, "a slot holds a whole input row segment");
-  static_assert(kTileCols % kWgmmaN == 0, "a tile is whole wgmma parts");
 };
 
 // ================================================================ scheduler
@@ -456,91 +441,74 @@ struct StagedProducer {
 // Both: start(acc, rows, col0, OW) sets the accumulators to the bias and issues the MMAs of one step over the three
 // slots of rows oy..oy+2; finish(acc) waits for them. wgmma runs between the two, while the producer completes a row.
 
-// One 32-bit A-fragment register of weight w[co][k..][tap]: a TF32 value, or two adjacent k of a 16-bit type.
-template <class Precision>
-__device__ __forceinline__ uint32_t weight_register(const typename Precision::Elem* __restrict__ w, int co, int k,
-                                                    int tap) {
-  constexpr int kCin = KB25_FUSED_CIN, kTaps = KB25_FUSED_KSIZE * KB25_FUSED_KSIZE;
-  if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
-    return __float_as_uint(round_to_tf32(__ldg(w + (co * kCin + k) * kTaps + tap)));
-  } else if constexpr (std::is_same<Precision, Tf32x3>::value) {
-    float big, small;
-    split_tf32(__ldg(w + (co * kCin + k) * kTaps + tap), big, small);
-    return __float_as_uint(big);
-  } else {
-    const uint16_t* w16 = reinterpret_cast<const uint16_t*>(w);
-    return (uint32_t)w16[(co * kCin + k) * kTaps + tap] | ((uint32_t)w16[(co * kCin + k + 1) * kTaps + tap] << 16);
-  }
-}
-
-// wgmma (sm_90a), operands swapped: A = weights (M = the 64 output channels) in registers for the whole kernel,
-// B = the tile's input pixels (N = kTileCols) x kMmaK channels from the slot. One instruction per k-step; Tf32x3
-// adds small(w) * big(x), A from shared memory, and big(w) * small(x), B from the slot's second copy.
-template <class Geometry>
+// wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
+// x kMmaK channels from the slot; both from shared memory, one instruction per k-step and part. The weights are
+// staged once per CTA as K-major core matrices: rows 8m..8m+7, k-elements 16 bytes' worth (kGroupChannels) at
+// ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
+// small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. Part p of the tile
+// (kPartCols pixels) is one commit group: its epilogue runs while the next part is still being multiplied.
+template <class Geometry_, int kPartCols_>
 struct WgmmaMainloop {
+  using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
   static constexpr bool kSplit = Precision::kCopies == 2;
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
   using Accum = float[kNBlocks][4];
-  // The tile's columns go to the tensor cores as parts of kWgmmaN, one commit group each: the epilogue of part 0 runs
-  // while part 1 is still being multiplied.
-  static constexpr int kParts = Geometry::kTileCols / kWgmmaN;
-  static constexpr int kPartBlocks = kNBlocks / kParts;
+  static constexpr int kPartCols = kPartCols_;
+  static constexpr int kParts = Geometry::kTileCols / kPartCols;
+  static constexpr int kPartBlocks = kPartCols / 8;
   using Part = float[kPartBlocks][4];
-  static_assert(kParts <= 2 && (!kSplit || kParts == 1), "wgmma_wait_for() and acc_small expect this");
-  // Tf32x3's small weights, K-major core matrices: rows 8m..8m+7, k 4j..4j+3 of k-step ks at byte
-  // ks * kAStepBytes + j * kAKBytes + m * 128.
+  static_assert(Geometry::kTileCols % kPartCols == 0 && kParts <= 2, "wgmma_wait_for() expects one or two parts");
+  static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
-  static constexpr int kSmemBytes = kSplit ? Geometry::kKSteps * kAStepBytes : 0;
-  static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4 + Geometry::kKSteps * 4;
+  static constexpr int kWeightBytes = Geometry::kKSteps * kAStepBytes;  // one copy
+  static constexpr int kSmemBytes = Precision::kCopies * kWeightBytes;
+  static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
   __device__ static Part& part(Accum& acc, int p) { return reinterpret_cast<Part&>(acc[p * kPartBlocks]); }
-  static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
 
-  const uint64_t small_desc;
-  uint32_t wa[Geometry::kKSteps][4];
+  const uint64_t weights;  // descriptor of k-step 0
   float bias_lo, bias_hi;
   // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation
   // loses up to an ulp of the accumulator per instruction, so the big sum gets 18 instructions instead of 54.
   float acc_small[kSplit ? kNBlocks : 1][4];
 
-  // Warp w holds output channels (rows) 16w + g and 16w + g + 8 at k = t*kElemsPerReg (+ kMmaK/2) of every k-step,
-  // in A-fragment order: register i is row g + 8*(i & 1), k half i >> 1. ctid: the thread within its warpgroup.
-  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b, int ctid)
-      : small_desc(kSplit ? wgmma_desc(smem, kAKBytes, 128) : 0) {
-    const int lane = ctid & 31, warp = ctid >> 5;
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
-      const int tap = ks / Geometry::kKStepsPerTap;
-      const int k0 = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + t * Geometry::kElemsPerReg;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int co = warp * 16 + g + 8 * (i & 1), k = k0 + (Geometry::kMmaK / 2) * (i >> 1);
-        wa[ks][i] = weight_register<Precision>(w, co, k, tap);
-      }
-    }
+  // D fragment rows: warp w of the warpgroup holds output channels 16w + g and 16w + g + 8. ctid: the thread within
+  // its warpgroup.
+  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__, const Elem* __restrict__ b, int ctid)
+      : weights(wgmma_desc(smem, kAKBytes, 128)) {
+    const int warp = ctid >> 5, g = (ctid & 31) >> 2;
     bias_lo = static_cast<float>(b[warp * 16 + g]);
     bias_hi = static_cast<float>(b[warp * 16 + g + 8]);
   }
-  // What the consumers share, written by all of the CTA's threads before they split into roles.
+  // The weights, written by all of the CTA's threads before they split into roles.
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__) {
-    if constexpr (kSplit) {
-      float* a_small = reinterpret_cast<float*>(smem);
-      for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * 8; i += blockDim.x) {
-        const int ks = i / (Geometry::kCout * 8), co = (i / 8) % Geometry::kCout, kk = i % 8;
-        const int ci = (ks % Geometry::kKStepsPerTap) * 8 + kk;
+    constexpr int kGC = Geometry::kGroupChannels;
+    Elem* const a = reinterpret_cast<Elem*>(smem);
+    for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
+      const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
+      const int kk = i % Geometry::kMmaK;
+      const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kk;
+      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+      const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
+                     kk % kGC;
+      if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
+        a[at] = round_to_tf32(v);
+      } else if constexpr (kSplit) {
         float big, small;
-        split_tf32(__ldg(w + (co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap), big, small);
+        split_tf32(v, big, small);
         // A weight that TF32 holds exactly has no small part; a zero there would turn an infinite input into
         // 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
         // sign, and adds nothing measurable to finite ones.
         if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
-        a_small[ks * (kAStepBytes / 4) + (kk / 4) * (kAKBytes / 4) + (co / 8) * 32 + (co % 8) * 4 + kk % 4] = small;
+        a[at] = big;
+        a[at + kWeightBytes / 4] = small;
+      } else {
+        a[at] = v;
       }
-      fence_proxy_async();  // published to wgmma by the barrier before the roles split
     }
+    fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
 
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int) {
@@ -565,13 +533,14 @@ struct WgmmaMainloop {
       for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
         const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
         // B for k-step (kh, kw, kb) of part p: groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices
-        // kGroupBytes apart), starting 128p + kw columns in (N-direction core matrices 8 columns = 128 bytes apart).
-        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (kWgmmaN * p + tap % 3) * 16) >> 4);
+        // kGroupBytes apart), starting kPartCols * p + kw columns in (N-direction core matrices 128 bytes apart).
+        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (kPartCols * p + tap % 3) * 16) >> 4);
+        const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
         if constexpr (kSplit) {
-          wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
-          wgmma_async(acc_small, wa[ks], b + (Geometry::kCopyBytes >> 4), Operand<float>{});
+          wgmma_async(part(acc_small, p), a + (kWeightBytes >> 4), b, Operand<float>{});
+          wgmma_async(part(acc_small, p), a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});
         }
-        wgmma_async(part(acc, p), wa[ks], b, Operand<Elem>{});
+        wgmma_async(part(acc, p), a, b, Operand<Elem>{});
       }
       wgmma_commit();
     }
@@ -583,9 +552,9 @@ struct WgmmaMainloop {
     if constexpr (kSplit) {
       pin(acc_small);
 #pragma unroll
-      for (int j = 0; j < kNBlocks; ++j)
+      for (int j = 0; j < kPartBlocks; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
+        for (int i = 0; i < 4; ++i) acc[p * kPartBlocks + j][i] += acc_small[p * kPartBlocks + j][i];
     }
   }
   __device__ static void pin(Accum& acc) {
@@ -681,24 +650,37 @@ struct MmaSyncMainloop {
 // Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
 
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
-// 8j + 2t + (i & 1). Min over its two channels, then with lane g^1 (xor 4); the 16 partial minima per pixel
-// (4 warps x 4 lane pairs) meet in shared memory, where each thread finishes kTileCols / 128 pixels. The consumer's
-// 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per part, or per step),
-// so a buffer is refilled only after the barrier of the other one, which every thread reaches after reading it.
-template <class Geometry>
+// 8j + 2t + (i & 1). Per part: the min over the thread's two channels leaves 2 * kPartBlocks values; three
+// butterfly steps over g (lanes xor 4, 8, 16) each keep half of them and fold in the partner's other half, so every
+// lane ends with the warp's minima (its 16 channels) of kFinal pixels, having shuffled 2 * kPartBlocks - kFinal
+// values instead of all of them three times. The 4 warps' minima meet in shared memory; each thread finishes one
+// pixel. The consumer's 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per
+// part, or per step), so a buffer is refilled only after the barrier of the other one, which every thread reaches
+// after reading it. Buffer rows are skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
+template <class Mainloop>
 struct WgmmaEpilogue {
-  using Mainloop = WgmmaMainloop<Geometry>;
-  static constexpr int kPartCols = Geometry::kTileCols / Mainloop::kParts;
+  using Geometry = typename Mainloop::Geometry;
+  static constexpr int kPartCols = Mainloop::kPartCols;
   static constexpr int kPartBlocks = Mainloop::kPartBlocks;
-  static constexpr int kRedRows = 16;
-  static constexpr int kRedPitch = kPartCols + 8;  // rows 8 words apart: 2-way conflicts at most
-  static constexpr int kBufferFloats = kRedRows * kRedPitch;
+  static constexpr int kFinal = 2 * kPartBlocks / 8;  // pixels per lane after the butterfly
+  static constexpr int kRedPitch = kPartCols + kPartCols / 4;
+  static constexpr int kBufferFloats = 4 * kRedPitch;
   static constexpr int kSmemBytes = 2 * kBufferFloats * 4;  // per consumer
+  static_assert(kPartCols <= Geometry::kWarpgroup && kFinal % 2 == 0, "one pixel per thread; float2 stores");
   float* const red;
   const int barrier_id, ctid;
   int turn = 0;
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_)
       : red(reinterpret_cast<float*>(smem)), barrier_id(1 + consumer), ctid(ctid_) {}
+  __device__ static int skewed(int pixel) { return pixel + 8 * (pixel >> 5); }
+  template <int kHalf>
+  __device__ static void fold(float (&v)[2 * kPartBlocks], bool upper, int lane_mask) {
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const float send = upper ? v[i] : v[i + kHalf], keep = upper ? v[i + kHalf] : v[i];
+      v[i] = nan_min(keep, __shfl_xor_sync(0xffffffffu, send, lane_mask));
+    }
+  }
 
   __device__ void store(const typename Mainloop::Accum& acc, int part, typename Geometry::Elem* out_row, int col0,
                         int OW) {
@@ -706,24 +688,32 @@ struct WgmmaEpilogue {
     const int g = lane >> 2, t = lane & 3;
     float* const buffer = red + turn * kBufferFloats;
     turn ^= 1;
-    float* red_row = buffer + (warp * 4 + (g >> 1)) * kRedPitch + 2 * t;
+    float v[2 * kPartBlocks];  // v[2j + e]: pixel 8j + 2t + e
 #pragma unroll
     for (int j = 0; j < kPartBlocks; ++j) {
       const float(&a)[4] = acc[part * kPartBlocks + j];
-      float m0 = nan_min(a[0], a[2]);
-      float m1 = nan_min(a[1], a[3]);
-      m0 = nan_min(m0, __shfl_xor_sync(0xffffffffu, m0, 4));
-      m1 = nan_min(m1, __shfl_xor_sync(0xffffffffu, m1, 4));
-      if ((j >= kPartBlocks / 2) == (g & 1)) *reinterpret_cast<float2*>(red_row + 8 * j) = make_float2(m0, m1);
+      v[2 * j] = nan_min(a[0], a[2]);
+      v[2 * j + 1] = nan_min(a[1], a[3]);
+    }
+    // Step b (lane bit 2 + b): lanes with g bit b set keep the upper half. After the three steps v[i] holds value
+    // i + kFinal * (bit2 + 2 * bit1 + 4 * bit0) of the start, with bit_b = (g >> b) & 1.
+    fold<kPartBlocks>(v, g & 1, 4);
+    fold<kPartBlocks / 2>(v, (g >> 1) & 1, 8);
+    fold<kPartBlocks / 4>(v, (g >> 2) & 1, 16);
+    const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
+    float* const row = buffer + warp * kRedPitch;
+#pragma unroll
+    for (int i = 0; i < kFinal; i += 2) {
+      const int pixel = 8 * ((first + i) / 2) + 2 * t;
+      *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
     }
     named_barrier<Geometry::kWarpgroup>(barrier_id);
-    const int part_col0 = col0 + part * kPartCols;
-#pragma unroll
-    for (int p = ctid; p < kPartCols; p += Geometry::kWarpgroup) {
-      float v = buffer[p];
-#pragma unroll
-      for (int r = 1; r < kRedRows; ++r) v = nan_min(v, buffer[r * kRedPitch + p]);
-      if (part_col0 + p < OW) out_row[part_col0 + p] = static_cast<typename Geometry::Elem>(tanh2(v));
+    const int col = col0 + part * kPartCols + ctid;
+    if (ctid < kPartCols && col < OW) {
+      const int at = skewed(ctid);
+      const float m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                              nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+      out_row[col] = static_cast<typename Geometry::Elem>(tanh2(m));
     }
   }
 };
@@ -771,16 +761,19 @@ enum class MmaKind { kMmaSync, kWgmma };
 // A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
 // steps, its own ring of kRing input-row slots with a full and an empty mbarrier each, and its own kStages staging
 // rows; the producer's warps are split evenly between the consumers.
-template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kStages_>
+template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kStages_>
 struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   using Geometry = ConvGeometry<Precision, kTileCols>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
-  using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
-  using Epilogue = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Geometry>, MmaSyncEpilogue<Geometry>>;
+  using Mainloop =
+      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry, kPartCols>, MmaSyncMainloop<Geometry>>;
+  using Epilogue =
+      std::conditional_t<kUsesWgmma, WgmmaEpilogue<WgmmaMainloop<Geometry, kPartCols>>, MmaSyncEpilogue<Geometry>>;
   using Producer = StagedProducer<Geometry>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
-  static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
+  static constexpr int kProducerThreads = 32 * (4 / kConsumers);  // per consumer: whole warps (3: one idles)
+  static_assert(kConsumers >= 1 && kConsumers <= 3, "the producer warpgroup serves up to 3 consumers");
   static constexpr int kStages = kStages_;
   static constexpr int kRing = Geometry::kKsize + 1;  // the window + the row being converted
   // Shared memory: per consumer its ring, staging and reduction buffers; then what the consumers share; then the
@@ -792,24 +785,21 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   static constexpr int kSmemBytes = kBarrierOffset + kConsumers * kRing * 2 * 8;
   static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory: one CTA per sm_90 SM");
-  // Registers: the CTA launches with its share of the register file per thread (kLaunchRegisters). With wgmma the
-  // producer hands kShiftRegisters of its own to each consumer thread (setmaxnreg): what a consumer keeps live
-  // across its loop (accumulators and register weights) plus about 24 for addresses and loop state must fit.
-  // (ptxas, tile 256: a producer cut to 40 or 56 registers spills, so the tile is 128.) ptxas reports the real
-  // counts and a CPU test requires no spills.
-  static constexpr int kLaunchRegisters = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
-  static constexpr int kShiftRegisters = kUsesWgmma && kConsumers == 2 ? 8 : 0;
-  static constexpr int kConsumerRegisters = kLaunchRegisters + kShiftRegisters;
-  static constexpr int kProducerRegisters = kLaunchRegisters - kConsumers * kShiftRegisters;
-  static_assert(Mainloop::kRegisters + 24 <= kConsumerRegisters, "register budget");
+  // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
+  // accumulators; the weights stay in shared memory) plus about 24 for addresses and loop state must fit. ptxas
+  // reports the real count and a CPU test requires no spills.
+  static constexpr int kRegisterBudget = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
+  static_assert(Mainloop::kRegisters + 24 <= kRegisterBudget, "register budget");
 };
 
-// The instantiations: (arch, precision) -> tile columns, consumers, staging rows.
-using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 2>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 128, 2, 2>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 64, 2, 2>;  // two accumulators: half the tile
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 128, 2, 2>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 128, 2, 2>;
+// The instantiations: (arch, precision) -> tile columns, part columns, consumers, staging rows. Shared memory
+// decides the rest: tf32 has room for one staging row per consumer; Tf32x3's two operand copies and two weight
+// copies leave room for a 64-column tile.
+using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 256, 1, 2>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 128, 2, 1>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 64, 64, 2, 2>;
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 128, 2, 2>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 128, 2, 2>;
 
 // ================================================================ the kernel
 // Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor): copy row d + kStages into
@@ -845,8 +835,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int col_blocks = (OW + Traits::kTileCols - 1) / Traits::kTileCols;
     const int role = threadIdx.x / Traits::kWarpgroup;  // 0: producer, 1..: consumers
     if (role == 0) {
-      release_registers<Traits::kShiftRegisters ? Traits::kProducerRegisters : 0>();
       const int c = threadIdx.x / Traits::kProducerThreads;
+      if (c >= Traits::kConsumers) return;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
@@ -874,7 +864,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         issue_next();  // into the staging row just converted (this thread's own items)
       }
     } else {
-      claim_registers<Traits::kShiftRegisters ? Traits::kConsumerRegisters : 0>();
       const int c = role - 1, ctid = threadIdx.x % Traits::kWarpgroup;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
@@ -1051,35 +1040,28 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 
 # wgmma forms the instantiations use, all m64n128 (the mainloop issues 128-column parts): (operand type, PTX type,
 # A from shared memory).
-_WGMMA_N = 64
-_WGMMA_FORMS = (("float", "tf32", False), ("float", "tf32", True), ("__nv_bfloat16", "bf16", False),
-                ("__half", "f16", False))
+_WGMMA_NS = (64, 128)  # the part widths the mainloop may use
+_WGMMA_FORMS = (("float", "tf32"), ("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 
 def _wgmma_wrappers():
-    """wgmma.mma_async wrappers, one per form in _WGMMA_FORMS: their N/2 accumulator operands are written out here
-    rather than by hand. D(64 x N) += A(64 x k: registers, this warp's 16 rows, or a descriptor) * B(k x N, a
-    K-major descriptor)."""
-    n = _WGMMA_N
-    out = [f"inline constexpr int kWgmmaN = {n};  // the N of every wrapper below: the mainloop's part width"]
-    for elem, ptx, a_smem in _WGMMA_FORMS:
-        regs = n // 2
-        k = 8 if ptx == "tf32" else 16
-        d_regs = ", ".join(f"%{i}" for i in range(regs))
-        d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
-        if a_smem:
-            a_param, a_text, a_ops, b_at = "uint64_t desc_a", f"%{regs}", '"l"(desc_a)', regs + 1
-        else:
-            a_param = "const uint32_t (&a)[4]"
-            a_text = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
-            a_ops, b_at = ", ".join(f'"r"(a[{i}])' for i in range(4)), regs + 4
-        tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0"  # scale-d, scale-a, scale-b(, B not transposed)
-        out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], {a_param}, uint64_t desc_b,
+    """wgmma.mma_async wrappers, one per (N in _WGMMA_NS, form in _WGMMA_FORMS), told apart by the accumulator's
+    type: their N/2 accumulator operands are written out here rather than by hand. D(64 x N) += A(64 x k) * B(k x N),
+    both K-major shared-memory descriptors."""
+    out = []
+    for n in _WGMMA_NS:
+        for elem, ptx in _WGMMA_FORMS:
+            regs = n // 2
+            k = 8 if ptx == "tf32" else 16
+            d_regs = ", ".join(f"%{i}" for i in range(regs))
+            d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
+            tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0, 0"  # scale-d, scale-a, scale-b(, no transposes)
+            out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a, uint64_t desc_b,
                                             Operand<{elem}>) {{
 #if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, {a_text}, %{b_at}, {tail};\\n"
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, %{regs}, %{regs + 1}, {tail};\\n"
                : {d_ops}
-               : {a_ops}, "l"(desc_b));
+               : "l"(desc_a), "l"(desc_b));
 #endif
 }}""")
     return "\n".join(out)

@@ -34,8 +34,8 @@ MUTANTS = {
     ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
-        """          wgmma_async(acc_small, small_desc + ((ks * kAStepBytes) >> 4), b, Operand<float>{});
-          wgmma_async(acc_small, wa[ks], b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
+        """          wgmma_async(part(acc_small, p), a + (kWeightBytes >> 4), b, Operand<float>{});
+          wgmma_async(part(acc_small, p), a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
     ),
@@ -44,6 +44,18 @@ MUTANTS = {
         "const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;",
         "const uint32_t sel = (j & 1) ? 0x5410 : 0x7632;",
         ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
+    ),
+    # the producer writes each column to its rotated place but takes the values of the unrotated one
+    "column_rotation_mismatch": (
+        "store_column(dst + (4 * piece + j) * 16, column(v, j));",
+        "store_column(dst + (4 * piece + j) * 16, column(v, jj));",
+        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[bf16]"],
+    ),
+    # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
+    "epilogue_skips_a_fold": (
+        "fold<kPartBlocks / 4>(v, (g >> 2) & 1, 16);",
+        "",
+        ["test_full_size_matches_reference[0]"],
     ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
     "strict_inf_times_zero": (

@@ -25,7 +25,7 @@ CASES = [
     ("fused_mma_sync", "tf32", (128, 16, 256, 256), torch.float32),
     ("fused_mma_sync", "tf32", (3, 16, 67, 300), torch.float32),
     ("fused_mma_sync", "tf32", (2, 16, 259, 130), torch.float32),
-    ("fused", "strict_fp32", (128, 16, 256, 256), torch.float32),  # 3xTF32: 128-column tiles, small weights in smem
+    ("fused", "strict_fp32", (128, 16, 256, 256), torch.float32),  # 3xTF32: 64-column tiles, both weight copies in smem
     ("fused", "strict_fp32", (3, 16, 67, 300), torch.float32),
     ("fused", "strict_fp32", (2, 16, 259, 130), torch.float32),
     ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte staged copies (W % 8 == 0)

@@ -1,6 +1,6 @@
 """Drop-in replacement for reference.Model: Conv2d(16->64, 3x3) -> min over dim 1 -> tanh -> tanh.
 
-Read top to bottom: constants -> CUDA source (precision tags, device helpers, geometry, scheduler, producers, MMA
+Read top to bottom: constants -> CUDA source (precision tags, device helpers, geometry, scheduler, producer, MMA
 mainloops, epilogues, traits per (arch, precision), the one fused kernel, launchers; no torch headers) -> C++ op
 (input checks, the backend decision table, the two CUDA paths) -> build at import -> the torch.library op (CPU
 kernel, fake kernel, autograd) -> ModelNew.
@@ -353,7 +353,8 @@ struct StagedProducer {
   using Elem = typename Geometry::Elem;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
   using Piece = std::conditional_t<sizeof(Elem) == 4, uint4, uint2>;  // 4 columns of one channel
-  static constexpr int kVec = Geometry::kGroupChannels;  // elements per 16 bytes: channels per column, columns per chunk
+  // Elements per 16 bytes: the channels of one slot column, the columns of one staged chunk.
+  static constexpr int kVec = Geometry::kGroupChannels;
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
   static constexpr int kStagePitch = kChunks * kVec;  // elements of one channel row
   static constexpr int kStageBytes = Geometry::kCin * kStagePitch * (int)sizeof(Elem);
@@ -1056,8 +1057,8 @@ def _wgmma_wrappers():
             d_regs = ", ".join(f"%{i}" for i in range(regs))
             d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
             tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0, 0"  # scale-d, scale-a, scale-b(, no transposes)
-            out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<{elem}>) {{
+            out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a,
+                                            uint64_t desc_b, Operand<{elem}>) {{
 #if KB25_HAS_WGMMA
   asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, %{regs}, %{regs + 1}, {tail};\\n"
                : {d_ops}

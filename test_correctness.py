@@ -375,6 +375,17 @@ def _instantiation(mangled):
     return arch + "_" + {"Tf32RoundNearest": "tf32", "Tf32x3": "tf32x3", "Bf16": "bf16", "Fp16": "fp16"}[precision]
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--trials", "5"], "--trials must be at least 20"),
+    (["--spread-processes", "2"], "--spread-processes must be 0 or at least 3, got 2"),
+])
+def test_bench_refuses_too_few_trials_or_processes(argv, message):
+    """A spread over fewer than 3 processes, or a median of fewer than 20 trials, is refused before anything runs."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench.py")
+    proc = subprocess.run([sys.executable, bench, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
 def test_cuda_source_has_no_torch_headers():
     assert not any("torch" in inc or "ATen" in inc or "c10" in inc
                    for inc in re.findall(r"#include\s*[<\"]([^>\"]+)", model_new.cuda_source()))

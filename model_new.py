@@ -143,10 +143,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async_4(float* dst, const float* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -275,7 +271,6 @@ struct ConvGeometry {
   static constexpr int kMmaK = Precision::kMmaK;
   static constexpr int kKStepsPerTap = kCin / kMmaK;
   static constexpr int kKSteps = kTaps * kKStepsPerTap;
-  static constexpr int kElemsPerReg = 4 / (int)sizeof(Elem);  // A-fragment elements per 32-bit register
   static constexpr int kGroupChannels = 16 / (int)sizeof(Elem);
   static constexpr int kGroups = kCin / kGroupChannels;
   static constexpr int kPitchCols = kTileCols + 8;
@@ -439,8 +434,9 @@ struct StagedProducer {
 };
 
 // ================================================================ mainloops (MMA policies)
-// Both: start(acc, rows, col0, OW) sets the accumulators to the bias and issues the MMAs of one step over the three
-// slots of rows oy..oy+2; finish(acc) waits for them. wgmma runs between the two, while the producer completes a row.
+// Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW)
+// sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows oy..oy+2;
+// finish(acc, p) waits for part p. wgmma runs between the two, while the consumer reduces the previous part.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step and part. The weights are
@@ -477,7 +473,7 @@ struct WgmmaMainloop {
 
   // D fragment rows: warp w of the warpgroup holds output channels 16w + g and 16w + g + 8. ctid: the thread within
   // its warpgroup.
-  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__, const Elem* __restrict__ b, int ctid)
+  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem, kAKBytes, 128)) {
     const int warp = ctid >> 5, g = (ctid & 31) >> 2;
     bias_lo = static_cast<float>(b[warp * 16 + g]);
@@ -587,8 +583,7 @@ struct MmaSyncMainloop {
   const float* bsm;
   const int ctid;
 
-  __device__ MmaSyncMainloop(const unsigned char* smem, const float* __restrict__, const float* __restrict__,
-                             int ctid_)
+  __device__ MmaSyncMainloop(const unsigned char* smem, const float* __restrict__, int ctid_)
       : wsm(reinterpret_cast<const float*>(smem)), bsm(reinterpret_cast<const float*>(smem) + kWeightFloats),
         ctid(ctid_) {}
   // float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment
@@ -773,8 +768,8 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   using Producer = StagedProducer<Geometry>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
-  static constexpr int kProducerThreads = 32 * (4 / kConsumers);  // per consumer: whole warps (3: one idles)
-  static_assert(kConsumers >= 1 && kConsumers <= 3, "the producer warpgroup serves up to 3 consumers");
+  static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
+  static_assert(kConsumers == 1 || kConsumers == 2, "the producer's warps split evenly between the consumers");
   static constexpr int kStages = kStages_;
   static constexpr int kRing = Geometry::kKsize + 1;  // the window + the row being converted
   // Shared memory: per consumer its ring, staging and reduction buffers; then what the consumers share; then the
@@ -837,7 +832,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int role = threadIdx.x / Traits::kWarpgroup;  // 0: producer, 1..: consumers
     if (role == 0) {
       const int c = threadIdx.x / Traits::kProducerThreads;
-      if (c >= Traits::kConsumers) return;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
@@ -869,9 +863,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
-      typename Traits::Mainloop mainloop(shared, w, b, ctid);
-      typename Traits::Epilogue epilogue(ring(c) + Traits::kRingBytes + kStages * Traits::Producer::kStageBytes, c,
-                                         ctid);
+      typename Traits::Mainloop mainloop(shared, b, ctid);
+      typename Traits::Epilogue epilogue(staging(c) + kStages * Traits::Producer::kStageBytes, c, ctid);
       auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1

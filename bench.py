@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,9 +115,9 @@ def make_cudnn_graph(ref, x):
 SPREAD_CODE = """
 import statistics, sys, torch, harness
 torch.backends.cudnn.allow_tf32 = True
-seed, trials, warmup = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-new = harness.make_models(0, device="cuda")[1].eval()
-x = harness.make_input(seed=seed, device="cuda")
+model_seed, input_seed, trials, warmup = (int(a) for a in sys.argv[1:5])
+new = harness.make_models(model_seed, device="cuda")[1].eval()
+x = harness.make_input(seed=input_seed, device="cuda")
 with torch.no_grad():
     print(statistics.median(harness.time_cuda(lambda: new(x), trials=trials, warmup=warmup)))
 """
@@ -128,13 +129,12 @@ def measure_spread(args):
     medians = []
     for i in range(args.spread_processes):
         log(f"  spread: process {i + 1}/{args.spread_processes} ...")
-        proc = subprocess.run([sys.executable, "-c", SPREAD_CODE, str(args.seed + 100 + i), str(args.trials),
-                               str(args.warmup)], cwd=here, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", SPREAD_CODE, str(args.seed), str(args.seed + 100 + i),
+                               str(args.trials), str(args.warmup)], cwd=here, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr)
         medians.append(float(proc.stdout.strip().splitlines()[-1]))
-    ordered = sorted(medians)
-    return {"min": ordered[0], "median": ordered[len(ordered) // 2], "max": ordered[-1],
+    return {"min": min(medians), "median": statistics.median(medians), "max": max(medians),
             "processes": len(medians), "medians": medians}
 
 

@@ -315,19 +315,20 @@ __device__ __forceinline__ void step_range(int64_t total, int64_t worker, int64_
 // range and of every strip (oy == 0), then one row (oy + 2) per step. The producer walks it; the consumer counts it.
 struct RowCursor {
   StepWalker at;
-  int64_t s;
-  const int64_t begin, end;
+  int64_t left;  // steps left, this one included
+  bool first;    // the range's first step
   int r;
-  __device__ RowCursor(int64_t begin_, int64_t end_, int OH, int col_blocks)
-      : at(begin_, OH, col_blocks), s(begin_), begin(begin_), end(end_), r(0) {}
+  __device__ RowCursor(int64_t begin, int64_t end, int OH, int col_blocks)
+      : at(begin, OH, col_blocks), left(end - begin), first(true), r(0) {}
   __device__ static int new_rows(bool first_of_strip) { return first_of_strip ? KB25_FUSED_KSIZE : 1; }
-  __device__ int count() const { return new_rows(s == begin || at.oy == 0); }
-  __device__ bool valid() const { return s < end; }
+  __device__ int count() const { return new_rows(first || at.oy == 0); }
+  __device__ bool valid() const { return left > 0; }
   __device__ int y() const { return at.oy + KB25_FUSED_KSIZE - count() + r; }
   __device__ void next() {
     if (++r == count()) {
       r = 0;
-      ++s;
+      --left;
+      first = false;
       at.advance();
     }
   }
@@ -398,6 +399,42 @@ struct StagedProducer {
         for (int jj = 0; jj < 4; ++jj) {
           const int j = (jj + (chunk >> 1)) & 3;
           store_column(dst + (4 * piece + j) * 16, column(v, j));
+        }
+      }
+    }
+  }
+  // Without staging rows (fp32): issue() copied the raw row into the slot itself, at kRawOffset (the last operand
+  // copy; the staging layout fits there). Every thread first loads the items it copied, the producer threads of
+  // this consumer meet at a named barrier, then all write: the writes overwrite raw data that other threads read.
+  static constexpr int kRawOffset = (Geometry::Precision::kCopies - 1) * Geometry::kCopyBytes;
+  static_assert(kStageBytes <= Geometry::kCopyBytes, "a raw row fits in one operand copy of its slot");
+  template <int kThreads>
+  __device__ void convert_in_place(unsigned char* slot, int barrier_id) const {
+    constexpr int kMine = (kItems + kThreads - 1) / kThreads;
+    static_assert(kPieces == 1, "fp32 items are one piece");
+    const unsigned char* stage = slot + kRawOffset;
+    Piece v[kMine][kVec];
+#pragma unroll
+    for (int k = 0; k < kMine; ++k) {
+      const int item = tid + k * kThreads;
+      if (item < kItems) {
+        const int grp = item / kChunks, chunk = item - grp * kChunks;
+        const Bits* src = reinterpret_cast<const Bits*>(stage) + grp * kVec * kStagePitch + chunk * kVec;
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) v[k][c] = *reinterpret_cast<const Piece*>(src + c * kStagePitch);
+      }
+    }
+    named_barrier<kThreads>(barrier_id);
+#pragma unroll
+    for (int k = 0; k < kMine; ++k) {
+      const int item = tid + k * kThreads;
+      if (item < kItems) {
+        const int grp = item / kChunks, chunk = item - grp * kChunks;
+        unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = (jj + (chunk >> 1)) & 3;
+          store_column(dst + j * 16, column(v[k], j));
         }
       }
     }
@@ -662,7 +699,7 @@ struct WgmmaEpilogue {
   static constexpr int kRedPitch = kPartCols + kPartCols / 4;
   static constexpr int kBufferFloats = 4 * kRedPitch;
   static constexpr int kSmemBytes = 2 * kBufferFloats * 4;  // per consumer
-  static_assert(kPartCols <= Geometry::kWarpgroup && kFinal % 2 == 0, "one pixel per thread; float2 stores");
+  static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
   const int barrier_id, ctid;
   int turn = 0;
@@ -704,12 +741,15 @@ struct WgmmaEpilogue {
       *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
     }
     named_barrier<Geometry::kWarpgroup>(barrier_id);
-    const int col = col0 + part * kPartCols + ctid;
-    if (ctid < kPartCols && col < OW) {
-      const int at = skewed(ctid);
-      const float m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                              nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
-      out_row[col] = static_cast<typename Geometry::Elem>(tanh2(m));
+#pragma unroll
+    for (int p = ctid; p < kPartCols; p += Geometry::kWarpgroup) {
+      const int col = col0 + part * kPartCols + p;
+      if (col < OW) {
+        const int at = skewed(p);
+        const float m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                                nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+        out_row[col] = static_cast<typename Geometry::Elem>(tanh2(m));
+      }
     }
   }
 };
@@ -756,8 +796,9 @@ enum class MmaKind { kMmaSync, kWgmma };
 
 // A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
 // steps, its own ring of kRing input-row slots with a full and an empty mbarrier each, and its own kStages staging
-// rows; the producer's warps are split evenly between the consumers.
-template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kStages_>
+// rows (0: rows are copied raw into their slot and converted in place); the producer's warps are split evenly
+// between the consumers.
+template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kStages_, int kRing_ = 4>
 struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   using Geometry = ConvGeometry<Precision, kTileCols>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
@@ -771,7 +812,9 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
   static_assert(kConsumers == 1 || kConsumers == 2, "the producer's warps split evenly between the consumers");
   static constexpr int kStages = kStages_;
-  static constexpr int kRing = Geometry::kKsize + 1;  // the window + the row being converted
+  // The 3-row window, the row being converted, and with kRing 5 the row being copied while that one is converted.
+  static constexpr int kRing = kRing_;
+  static_assert(kRing >= Geometry::kKsize + 1, "the window and the row being converted");
   // Shared memory: per consumer its ring, staging and reduction buffers; then what the consumers share; then the
   // mbarriers (full, empty) per slot.
   static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
@@ -788,18 +831,19 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   static_assert(Mainloop::kRegisters + 24 <= kRegisterBudget, "register budget");
 };
 
-// The instantiations: (arch, precision) -> tile columns, part columns, consumers, staging rows. Shared memory
-// decides the rest: tf32 has room for one staging row per consumer; Tf32x3's two operand copies and two weight
-// copies leave room for a 64-column tile.
+// The instantiations: (arch, precision) -> tile columns, part columns, consumers, staging rows, ring slots. Shared
+// memory decides the rest: fp32 converts in place, which leaves tf32 room for a fifth slot and Tf32x3 (two operand
+// copies, two weight copies) room for a 128-column tile.
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 256, 1, 2>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 128, 2, 1>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 64, 64, 2, 2>;
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 128, 2, 2>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 128, 2, 2>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 256, 2, 0, 5>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 128, 2, 0>;
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 256, 2, 2>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 256, 2, 2>;
 
 // ================================================================ the kernel
 // Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor): copy row d + kStages into
-// staging while row d is converted into its slot once the consumer has released the slot's previous row. Each
+// staging while row d is converted into its slot once the consumer has released the slot's previous row, or (kStages
+// 0) copy rows raw into their slots and convert them in place. Each
 // consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window, release the rows no
 // later step needs once the MMAs have read them, and reduce and store while the other consumer multiplies.
 template <class Traits>
@@ -815,7 +859,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
     auto ring = [&](int c) { return smem + c * Traits::kConsumerBytes; };
     auto staging = [&](int c) { return ring(c) + Traits::kRingBytes; };
-    // Row counters are 32-bit: kRing divides 2^32, so slot and phase stay right if one wraps.
+    // Row counters are 32-bit: a consumer receives fewer than 2^32 rows (that many would take over 10^14 input
+    // bytes), so they never wrap.
     auto full = [&](int c, uint32_t d) { return barriers + (c * kRing + d % kRing) * 2; };
     auto empty = [&](int c, uint32_t d) { return full(c, d) + 1; };
     if (threadIdx.x == 0) {
@@ -837,26 +882,54 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                  begin, end);
       const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads,
                                                Traits::kProducerThreads);
-      auto stage = [&](uint32_t d) { return staging(c) + (d % kStages) * Traits::Producer::kStageBytes; };
       RowCursor ahead(begin, end, OH, col_blocks);
-      uint32_t issued = 0;
-      auto issue_next = [&]() {
-        if (ahead.valid()) {
-          producer.issue(stage(issued), x + ahead.at.n * Traits::kCin * ((int64_t)H * W), ahead.y(),
-                         ahead.at.cb * Traits::kTileCols);
-          ahead.next();
-          ++issued;
-        }
-        cp_async_commit();
+      auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
+      auto image = [&]() { return x + ahead.at.n * Traits::kCin * ((int64_t)H * W); };
+      auto copy_next = [&](unsigned char* dst) {
+        producer.issue(dst, image(), ahead.y(), ahead.at.cb * Traits::kTileCols);
+        ahead.next();
       };
-      for (int i = 0; i < kStages; ++i) issue_next();
-      for (uint32_t d = 0; d != issued; ++d) {
-        cp_async_wait<kStages - 1>();
-        mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);  // the slot's previous row is released
-        producer.convert(stage(d), ring(c) + (d % kRing) * Traits::kSlotBytes);
-        fence_proxy_async();
-        mbarrier_arrive(full(c, d));
-        issue_next();  // into the staging row just converted (this thread's own items)
+      uint32_t issued = 0;
+      if constexpr (kStages == 0) {
+        // Rows are copied raw into their slot once the consumer has released the slot's previous row: with kRing 5,
+        // row d + 1 is copied while row d is converted in its own. (With 4 slots a copy ahead would wait for the
+        // release of row d - 3, i.e. the conversion of row d for the end of the step before the one that needs it:
+        // measured 1.63 against 1.18 ms for strict.)
+        constexpr int kAhead = kRing - (Traits::kKsize + 1);
+        auto issue_next = [&]() {
+          if (ahead.valid()) {
+            mbarrier_wait(empty(c, issued), ((issued / kRing) & 1) ^ 1);
+            copy_next(slot(issued) + Traits::Producer::kRawOffset);
+            ++issued;
+          }
+          cp_async_commit();
+        };
+        for (int i = 0; i < kAhead; ++i) issue_next();
+        for (uint32_t d = 0; d != issued || ahead.valid(); ++d) {
+          issue_next();
+          cp_async_wait<kAhead>();  // row d (this thread's own items)
+          producer.template convert_in_place<Traits::kProducerThreads>(slot(d), 1 + Traits::kConsumers + c);
+          fence_proxy_async();
+          mbarrier_arrive(full(c, d));
+        }
+      } else {
+        auto stage = [&](uint32_t d) { return staging(c) + (d % kStages) * Traits::Producer::kStageBytes; };
+        auto issue_next = [&]() {
+          if (ahead.valid()) {
+            copy_next(stage(issued));
+            ++issued;
+          }
+          cp_async_commit();
+        };
+        for (int i = 0; i < kStages; ++i) issue_next();
+        for (uint32_t d = 0; d != issued; ++d) {
+          cp_async_wait<kStages - 1>();
+          mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);  // the slot's previous row is released
+          producer.convert(stage(d), slot(d));
+          fence_proxy_async();
+          mbarrier_arrive(full(c, d));
+          issue_next();  // into the staging row just converted (this thread's own items)
+        }
       }
     } else {
       const int c = role - 1, ctid = threadIdx.x % Traits::kWarpgroup;
@@ -1032,9 +1105,8 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 }
 """
 
-# wgmma forms the instantiations use, all m64n128 (the mainloop issues 128-column parts): (operand type, PTX type,
-# A from shared memory).
-_WGMMA_NS = (64, 128)  # the part widths the mainloop may use
+# wgmma forms the instantiations may use: operand type, PTX type.
+_WGMMA_NS = (64, 128, 256)  # the part widths the mainloop may use
 _WGMMA_FORMS = (("float", "tf32"), ("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

@@ -45,11 +45,24 @@ MUTANTS = {
         "const uint32_t sel = (j & 1) ? 0x5410 : 0x7632;",
         ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
-    # the producer writes each column to its rotated place but takes the values of the unrotated one
+    # the staged conversion (bf16/fp16) writes each column to its rotated place but takes the unrotated one's values
     "column_rotation_mismatch": (
         "store_column(dst + (4 * piece + j) * 16, column(v, j));",
         "store_column(dst + (4 * piece + j) * 16, column(v, jj));",
-        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[bf16]"],
+        ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
+    ),
+    # the same in the in-place conversion (TF32, strict fp32)
+    "in_place_rotation_mismatch": (
+        "store_column(dst + j * 16, column(v[k], j));",
+        "store_column(dst + j * 16, column(v[k], jj));",
+        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # the in-place conversion without its barrier: a warp's converted writes overwrite raw data another warp has not
+    # read yet
+    "in_place_without_barrier": (
+        "    named_barrier<kThreads>(barrier_id);\n",
+        "",
+        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (

@@ -1,0 +1,83 @@
+"""How much the L2 flush before each trial costs the fused kernel: the same ModelNew call timed (CUDA events, median)
+after bench.py's flush (a 256 MiB fill, leaving L2 full of dirty lines), after a read-only pass over the same buffer,
+after an idle GPU (a 1 ms device sleep), and back to back; plus the SM clock and power nvidia-smi reports under load.
+
+    python3 tools/l2_flush_probe.py [--trials 30]
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import harness  # noqa: E402
+
+
+def timed(fn, before, trials):
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def clocks_under_load(fn, seconds=2.0):
+    query = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    start = time.time()
+    while time.time() - start < seconds:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    smi.terminate()
+    lines = smi.communicate()[0].strip().splitlines()
+    return lines[len(lines) // 2] if lines else "nvidia-smi gave nothing"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--trials", type=int, default=30)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("l2_flush_probe.py needs a CUDA GPU; none is available here")
+        return 2
+    flush = harness.l2_flush_buffer()
+    for name in ("tf32", "bf16"):
+        precision = harness.PRECISIONS[name]
+        torch.backends.cudnn.allow_tf32 = precision.allow_tf32
+        _, new = harness.make_models(0, device="cuda")
+        new = new.to(precision.dtype).eval()
+        x = harness.make_input(device="cuda", seed=1).to(precision.dtype)
+        with torch.no_grad():
+            fn = lambda: new(x)  # noqa: E731
+            for _ in range(3):
+                fn()
+            written = timed(fn, lambda: flush.fill_(1.0), args.trials)
+            read = timed(fn, lambda: flush.sum(), args.trials)
+            idle = timed(fn, lambda: torch.cuda._sleep(2_000_000), args.trials)
+            burst_start, burst_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            burst_start.record()
+            for _ in range(args.trials):
+                fn()
+            burst_end.record()
+            torch.cuda.synchronize()
+            burst = burst_start.elapsed_time(burst_end) / args.trials
+            load = clocks_under_load(fn)
+        print(f"{name} {new.fused_kernel(x)}: after a written flush {written:.4f} ms, after a read flush {read:.4f}, "
+              f"after idle {idle:.4f}, back to back {burst:.4f} | under load: {load}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -352,11 +352,14 @@ struct StagedProducer {
   // Elements per 16 bytes: the channels of one slot column, the columns of one staged chunk.
   static constexpr int kVec = Geometry::kGroupChannels;
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
-  static constexpr int kStagePitch = kChunks * kVec;  // elements of one channel row
+  // Elements of one channel row: its chunks, rounded up to 32 bytes. A 16-byte copy whose shared-memory target sits
+  // 16 bytes off its global source's 32-byte sector costs two sector requests (ncu: twice the ideal L2 sectors on
+  // the copies of odd channels with rows 1040 bytes apart).
+  static constexpr int kStagePitch = (kChunks * kVec * (int)sizeof(Elem) + 31) / 32 * 32 / (int)sizeof(Elem);
   static constexpr int kStageBytes = Geometry::kCin * kStagePitch * (int)sizeof(Elem);
   static constexpr int kItems = Geometry::kGroups * kChunks;
   static constexpr int kPieces = kVec / 4;
-  static_assert(kStagePitch <= Geometry::kPitchCols, "a converted chunk stays inside the slot");
+  static_assert(kChunks * kVec <= Geometry::kPitchCols, "a converted chunk stays inside the slot");
   const int64_t plane;
   const int W, tid, threads;
   const bool vec16;
@@ -407,9 +410,9 @@ struct StagedProducer {
   // copy; the staging layout fits there). Every thread first loads the items it copied, the producer threads of
   // this consumer meet at a named barrier, then all write: the writes overwrite raw data that other threads read.
   static constexpr int kRawOffset = (Geometry::Precision::kCopies - 1) * Geometry::kCopyBytes;
-  static_assert(kStageBytes <= Geometry::kCopyBytes, "a raw row fits in one operand copy of its slot");
   template <int kThreads>
   __device__ void convert_in_place(unsigned char* slot, int barrier_id) const {
+    static_assert(kStageBytes <= Geometry::kCopyBytes, "a raw row fits in one operand copy of its slot");
     constexpr int kMine = (kItems + kThreads - 1) / kThreads;
     static_assert(kPieces == 1, "fp32 items are one piece");
     const unsigned char* stage = slot + kRawOffset;

@@ -888,28 +888,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       RowCursor ahead(begin, end, OH, col_blocks);
       auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
       auto image = [&]() { return x + ahead.at.n * Traits::kCin * ((int64_t)H * W); };
-      auto copy_next = [&](unsigned char* dst) {
+      auto copy_row = [&](unsigned char* dst) {
         producer.issue(dst, image(), ahead.y(), ahead.at.cb * Traits::kTileCols);
         ahead.next();
       };
       uint32_t issued = 0;
+      // Copies the next row, if any, to target(issued), then commits a cp.async group (an empty one past the last
+      // row, so that the wait counts below stay fixed).
+      auto copy_next = [&](auto target) {
+        if (ahead.valid()) {
+          copy_row(target(issued));
+          ++issued;
+        }
+        cp_async_commit();
+      };
       if constexpr (kStages == 0) {
         // Rows are copied raw into their slot once the consumer has released the slot's previous row: with kRing 5,
         // row d + 1 is copied while row d is converted in its own. (With 4 slots a copy ahead would wait for the
         // release of row d - 3, i.e. the conversion of row d for the end of the step before the one that needs it:
         // measured 1.63 against 1.18 ms for strict.)
         constexpr int kAhead = kRing - (Traits::kKsize + 1);
-        auto issue_next = [&]() {
-          if (ahead.valid()) {
-            mbarrier_wait(empty(c, issued), ((issued / kRing) & 1) ^ 1);
-            copy_next(slot(issued) + Traits::Producer::kRawOffset);
-            ++issued;
-          }
-          cp_async_commit();
+        auto raw = [&](uint32_t d) {  // the slot of row d, once its previous row is released
+          mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);
+          return slot(d) + Traits::Producer::kRawOffset;
         };
-        for (int i = 0; i < kAhead; ++i) issue_next();
+        for (int i = 0; i < kAhead; ++i) copy_next(raw);
         for (uint32_t d = 0; d != issued || ahead.valid(); ++d) {
-          issue_next();
+          copy_next(raw);
           cp_async_wait<kAhead>();  // row d (this thread's own items)
           producer.template convert_in_place<Traits::kProducerThreads>(slot(d), 1 + Traits::kConsumers + c);
           fence_proxy_async();
@@ -917,21 +922,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       } else {
         auto stage = [&](uint32_t d) { return staging(c) + (d % kStages) * Traits::Producer::kStageBytes; };
-        auto issue_next = [&]() {
-          if (ahead.valid()) {
-            copy_next(stage(issued));
-            ++issued;
-          }
-          cp_async_commit();
-        };
-        for (int i = 0; i < kStages; ++i) issue_next();
+        for (int i = 0; i < kStages; ++i) copy_next(stage);
         for (uint32_t d = 0; d != issued; ++d) {
           cp_async_wait<kStages - 1>();
           mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);  // the slot's previous row is released
           producer.convert(stage(d), slot(d));
           fence_proxy_async();
           mbarrier_arrive(full(c, d));
-          issue_next();  // into the staging row just converted (this thread's own items)
+          copy_next(stage);  // into the staging row just converted (this thread's own items)
         }
       }
     } else {
@@ -1109,7 +1107,7 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 """
 
 # wgmma forms the instantiations may use: operand type, PTX type.
-_WGMMA_NS = (64, 128, 256)  # the part widths the mainloop may use
+_WGMMA_NS = (128, 256)  # the part widths the instantiations use
 _WGMMA_FORMS = (("float", "tf32"), ("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

@@ -181,16 +181,19 @@ def measure_host_us(model):
         return {name: host_us_per_call(fn) for name, fn in calls.items()}
 
 
-def time_cuda(fn, trials=25, warmup=3):
-    """Per-trial device times in ms (CUDA events), with an L2 flush before each trial."""
-    flush = l2_flush_buffer()
+def time_cuda(fn, trials=25, warmup=3, before=None):
+    """Per-trial device times in ms (CUDA events), with an L2 flush (writing a buffer twice the L2) before each
+    trial; `before` replaces that flush with another untimed step."""
+    if before is None:
+        flush = l2_flush_buffer()
+        before = lambda: flush.fill_(1.0)  # noqa: E731
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
     for start, end in zip(starts, ends):
-        flush.fill_(1.0)
+        before()
         start.record()
         fn()
         end.record()

@@ -18,19 +18,6 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 
 
-def timed(fn, before, trials):
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def clocks_under_load(fn, seconds=2.0):
     query = "clocks.sm,power.draw,clocks_throttle_reasons.active"
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-lms", "100"],
@@ -61,11 +48,10 @@ def main():
         x = harness.make_input(device="cuda", seed=1).to(precision.dtype)
         with torch.no_grad():
             fn = lambda: new(x)  # noqa: E731
-            for _ in range(3):
-                fn()
-            written = timed(fn, lambda: flush.fill_(1.0), args.trials)
-            read = timed(fn, lambda: flush.sum(), args.trials)
-            idle = timed(fn, lambda: torch.cuda._sleep(2_000_000), args.trials)
+            median = lambda before: statistics.median(harness.time_cuda(fn, args.trials, before=before))  # noqa: E731
+            written = median(lambda: flush.fill_(1.0))
+            read = median(lambda: flush.sum())
+            idle = median(lambda: torch.cuda._sleep(2_000_000))
             burst_start, burst_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             burst_start.record()
             for _ in range(args.trials):

@@ -138,16 +138,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// cp.async with a source size of 0 writes zeros: columns past the image edge arrive as 0.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 // Generic-proxy writes to shared memory become visible to wgmma (the async proxy) after this and a barrier. Before
 // sm_90 there is no async proxy (and no wgmma) to publish to.
 __device__ __forceinline__ void fence_proxy_async() {
@@ -334,112 +324,136 @@ struct RowCursor {
   }
 };
 
-// ================================================================ producer (global -> staging -> slot)
-// One producer for every precision. issue() copies an input row segment as it lies (kCin channel rows) into a
-// staging buffer: item (group, chunk) is kGroupChannels 16-byte cp.async, one per channel, each kVec columns;
-// consecutive threads take consecutive chunks, so every copy is coalesced. convert() turns the staged row into the
-// slot layout: per 4-column piece it reads kGroupChannels channel pieces (conflict-free: consecutive threads,
-// consecutive pieces), transposes them in registers, applies the precision's conversion (TF32 rounding, or the
-// 3xTF32 split into copy 0 (big) and copy 1 (small)) and writes one 16-byte column at a time. Those writes land 16 *
-// kVec bytes apart across the lanes; each lane starts at another column (and piece), so 8 lanes hit 8 distinct
-// 16-byte bank groups. The thread that copied an item converts it: no barrier in between. Where chunks are not
-// 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element instead, synchronously.
-template <class Geometry>
-struct StagedProducer {
+// ================================================================ producer (global -> registers -> slot)
+// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems
+// items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel; consecutive threads take
+// consecutive chunks, so every load is coalesced. load() brings a thread's items into registers; store() turns them
+// into the slot layout: per 4-column piece it transposes the kGroupChannels channel pieces in registers, applies the
+// precision's conversion (TF32 rounding, or the 3xTF32 split into copy 0 (big) and copy 1 (small)) and writes one
+// 16-byte column at a time. Those writes land 16 * kVec bytes apart across the lanes; each lane starts at another
+// column (and piece), so 8 lanes hit 8 distinct 16-byte bank groups. A thread stores only what it loaded: no barrier
+// between the two, and shared memory sees each row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x
+// itself) the items are loaded element by element.
+template <class Geometry, int kThreads>
+struct RowProducer {
   using Elem = typename Geometry::Elem;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
   using Piece = std::conditional_t<sizeof(Elem) == 4, uint4, uint2>;  // 4 columns of one channel
-  // Elements per 16 bytes: the channels of one slot column, the columns of one staged chunk.
+  // Elements per 16 bytes: the channels of one slot column, the columns of one item's channel.
   static constexpr int kVec = Geometry::kGroupChannels;
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
-  // Elements of one channel row: its chunks, rounded up to 32 bytes. A 16-byte copy whose shared-memory target sits
-  // 16 bytes off its global source's 32-byte sector costs two sector requests (ncu: twice the ideal L2 sectors on
-  // the copies of odd channels with rows 1040 bytes apart).
-  static constexpr int kStagePitch = (kChunks * kVec * (int)sizeof(Elem) + 31) / 32 * 32 / (int)sizeof(Elem);
-  static constexpr int kStageBytes = Geometry::kCin * kStagePitch * (int)sizeof(Elem);
   static constexpr int kItems = Geometry::kGroups * kChunks;
+  static constexpr int kMine = (kItems + kThreads - 1) / kThreads;  // items per thread
   static constexpr int kPieces = kVec / 4;
-  static_assert(kChunks * kVec <= Geometry::kPitchCols, "a converted chunk stays inside the slot");
+  static constexpr int kRegisters = kMine * kVec * 4;  // one row in flight
+  static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
+  struct Row {
+    uint4 raw[kMine][kVec];  // [item][channel]: kVec columns
+  };
   const int64_t plane;
-  const int W, tid, threads;
+  const int W, tid;
   const bool vec16;
-  __device__ StagedProducer(const Elem* x, int H, int W_, int tid_, int threads_)
-      : plane((int64_t)H * W_), W(W_), tid(tid_), threads(threads_),
+  __device__ RowProducer(const Elem* x, int H, int W_, int tid_)
+      : plane((int64_t)H * W_), W(W_), tid(tid_),
         vec16(W_ % kVec == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
 
-  __device__ void issue(unsigned char* stage, const Elem* __restrict__ x_img, int y, int col0) const {
-    const Bits* src_row = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0;
-    for (int item = tid; item < kItems; item += threads) {
-      const int grp = item / kChunks, col = kVec * (item - grp * kChunks);
+  // The thread's k-th item: its kVec channel vectors, loaded in program order (volatile). kVec16: the chunks are
+  // 16-byte aligned (vec16); a launch runs one or the other.
+  template <bool kVec16>
+  __device__ void load_item(uint4 (&raw)[kVec], int k, const Elem* __restrict__ x_img, int y, int col0) const {
+    const int item = tid + k * kThreads;
+    if (item >= kItems) return;
+    const int grp = item / kChunks, col = kVec * (item - grp * kChunks);
+    const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane + col;
+    if constexpr (kVec16) {
+      // W % kVec == 0: a chunk is wholly inside or wholly outside the row. Outside, the loads read the image's
+      // first chunk instead (no branch around them) and count as 0.
+      const bool inside = col0 + col < W;
+      if (!inside) src = reinterpret_cast<const Bits*>(x_img);
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) {
-        const int ch = grp * kVec + c;
-        Bits* dst = reinterpret_cast<Bits*>(stage) + ch * kStagePitch + col;
-        const Bits* src = src_row + ch * plane + col;
-        if (vec16) {
-          const bool valid = col0 + col < W;  // W % kVec == 0: a chunk is wholly inside or wholly outside
-          cp_async_16(dst, valid ? src : reinterpret_cast<const Bits*>(x_img), valid);
-        } else {
+      for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
+      if (!inside) {
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) dst[e] = col0 + col + e < W ? src[e] : Bits(0);
-        }
+        for (int c = 0; c < kVec; ++c) raw[c] = make_uint4(0, 0, 0, 0);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kVec; ++c, src += plane) {
+        Bits e[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) e[i] = col0 + col + i < W ? load_element(src + i) : Bits(0);
+        raw[c] = pack(e);
       }
     }
   }
-
-  __device__ void convert(const unsigned char* stage, unsigned char* slot) const {
-    for (int item = tid; item < kItems; item += threads) {
-      const int grp = item / kChunks, chunk = item - grp * kChunks;
-      const Bits* src = reinterpret_cast<const Bits*>(stage) + grp * kVec * kStagePitch + chunk * kVec;
-      unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
+  // Into the slot layout: per 4-column piece, transpose the kVec channel pieces, convert, write 16-byte columns.
+  __device__ void store_item(const uint4 (&raw)[kVec], int k, unsigned char* slot) const {
+    const int item = tid + k * kThreads;
+    if (item >= kItems) return;
+    const int grp = item / kChunks, chunk = item - grp * kChunks;
+    unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
 #pragma unroll
-      for (int pp = 0; pp < kPieces; ++pp) {
-        const int piece = (pp + chunk) % kPieces;
-        Piece v[kVec];
+    for (int pp = 0; pp < kPieces; ++pp) {
+      const int piece = (pp + chunk) % kPieces;
+      Piece v[kVec];
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) v[c] = *reinterpret_cast<const Piece*>(src + c * kStagePitch + 4 * piece);
+      for (int c = 0; c < kVec; ++c) v[c] = piece_of(raw[c], piece);
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int j = (jj + (chunk >> 1)) & 3;
-          store_column(dst + (4 * piece + j) * 16, column(v, j));
-        }
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = (jj + (chunk >> 1)) & 3;
+        store_column(dst + (4 * piece + j) * 16, column(v, j));
       }
     }
   }
-  // Without staging rows (fp32): issue() copied the raw row into the slot itself, at kRawOffset (the last operand
-  // copy; the staging layout fits there). Every thread first loads the items it copied, the producer threads of
-  // this consumer meet at a named barrier, then all write: the writes overwrite raw data that other threads read.
-  static constexpr int kRawOffset = (Geometry::Precision::kCopies - 1) * Geometry::kCopyBytes;
-  template <int kThreads>
-  __device__ void convert_in_place(unsigned char* slot, int barrier_id) const {
-    static_assert(kStageBytes <= Geometry::kCopyBytes, "a raw row fits in one operand copy of its slot");
-    constexpr int kMine = (kItems + kThreads - 1) / kThreads;
-    static_assert(kPieces == 1, "fp32 items are one piece");
-    const unsigned char* stage = slot + kRawOffset;
-    Piece v[kMine][kVec];
+  // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
+  // registers), then stored. Element by element (the rare path): each item is loaded and stored in turn, which
+  // needs fewer registers.
+  __device__ void load(Row& row, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
+    for (int k = 0; k < kMine; ++k) load_item<true>(row.raw[k], k, x_img, y, col0);
+  }
+  __device__ void store(const Row& row, unsigned char* slot) const {
+#pragma unroll
+    for (int k = 0; k < kMine; ++k) store_item(row.raw[k], k, slot);
+  }
+  __device__ void copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+#pragma unroll 1
     for (int k = 0; k < kMine; ++k) {
-      const int item = tid + k * kThreads;
-      if (item < kItems) {
-        const int grp = item / kChunks, chunk = item - grp * kChunks;
-        const Bits* src = reinterpret_cast<const Bits*>(stage) + grp * kVec * kStagePitch + chunk * kVec;
-#pragma unroll
-        for (int c = 0; c < kVec; ++c) v[k][c] = *reinterpret_cast<const Piece*>(src + c * kStagePitch);
-      }
+      uint4 raw[kVec];
+      load_item<false>(raw, k, x_img, y, col0);
+      store_item(raw, k, slot);
     }
-    named_barrier<kThreads>(barrier_id);
-#pragma unroll
-    for (int k = 0; k < kMine; ++k) {
-      const int item = tid + k * kThreads;
-      if (item < kItems) {
-        const int grp = item / kChunks, chunk = item - grp * kChunks;
-        unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int j = (jj + (chunk >> 1)) & 3;
-          store_column(dst + j * 16, column(v[k], j));
-        }
-      }
+  }
+  __device__ static uint4 load_streaming(const void* p) {  // read once: no L1 allocation
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  }
+  __device__ static uint32_t load_element(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+  }
+  __device__ static uint16_t load_element(const uint16_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+    return v;
+  }
+  __device__ static uint4 pack(const Bits (&e)[kVec]) {
+    if constexpr (sizeof(Elem) == 4) {
+      return make_uint4(e[0], e[1], e[2], e[3]);
+    } else {
+      auto two = [&](int i) { return (uint32_t)e[i] | ((uint32_t)e[i + 1] << 16); };
+      return make_uint4(two(0), two(2), two(4), two(6));
+    }
+  }
+  __device__ static Piece piece_of(const uint4& v, int piece) {
+    if constexpr (sizeof(Elem) == 4) {
+      return v;
+    } else {
+      return piece == 0 ? make_uint2(v.x, v.y) : make_uint2(v.z, v.w);
     }
   }
   // Column j of the piece: word c is channel c's value (fp32), or channels 2c, 2c+1 (16-bit).
@@ -798,10 +812,9 @@ struct MmaSyncEpilogue {
 enum class MmaKind { kMmaSync, kWgmma };
 
 // A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
-// steps, its own ring of kRing input-row slots with a full and an empty mbarrier each, and its own kStages staging
-// rows (0: rows are copied raw into their slot and converted in place); the producer's warps are split evenly
-// between the consumers.
-template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kStages_, int kRing_ = 4>
+// steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's warps are
+// split evenly between the consumers.
+template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kRing_>
 struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   using Geometry = ConvGeometry<Precision, kTileCols>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
@@ -809,46 +822,72 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
       std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry, kPartCols>, MmaSyncMainloop<Geometry>>;
   using Epilogue =
       std::conditional_t<kUsesWgmma, WgmmaEpilogue<WgmmaMainloop<Geometry, kPartCols>>, MmaSyncEpilogue<Geometry>>;
-  using Producer = StagedProducer<Geometry>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
   static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
   static_assert(kConsumers == 1 || kConsumers == 2, "the producer's warps split evenly between the consumers");
-  static constexpr int kStages = kStages_;
-  // The 3-row window, the row being converted, and with kRing 5 the row being copied while that one is converted.
+  using Producer = RowProducer<Geometry, kProducerThreads>;
+  // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
+  // earlier, once the consumer has released that slot's previous row.
   static constexpr int kRing = kRing_;
-  static_assert(kRing >= Geometry::kKsize + 1, "the window and the row being converted");
-  // Shared memory: per consumer its ring, staging and reduction buffers; then what the consumers share; then the
-  // mbarriers (full, empty) per slot.
+  static_assert(kRing >= Geometry::kKsize + 1, "the window and the row being stored");
+  // Shared memory: per consumer its ring and reduction buffers; then what the consumers share; then the mbarriers
+  // (full, empty) per slot.
   static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
-  static constexpr int kConsumerBytes = kRingBytes + kStages * Producer::kStageBytes + Epilogue::kSmemBytes;
+  static constexpr int kConsumerBytes = kRingBytes + Epilogue::kSmemBytes;
   static constexpr int kSharedOffset = kConsumers * kConsumerBytes;
   static constexpr int kBarrierOffset = kSharedOffset + Mainloop::kSmemBytes;
   static constexpr int kSmemBytes = kBarrierOffset + kConsumers * kRing * 2 * 8;
   static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory: one CTA per sm_90 SM");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
-  // accumulators; the weights stay in shared memory) plus about 24 for addresses and loop state must fit. ptxas
-  // reports the real count and a CPU test requires no spills.
+  // accumulators; the weights stay in shared memory), or a producer thread (one row's items in flight), plus about
+  // 24 for addresses and loop state must fit. ptxas reports the real count and a CPU test requires no spills.
   static constexpr int kRegisterBudget = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
-  static_assert(Mainloop::kRegisters + 24 <= kRegisterBudget, "register budget");
+  static_assert(Mainloop::kRegisters + 24 <= kRegisterBudget, "register budget of a consumer");
+  static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
-// The instantiations: (arch, precision) -> tile columns, part columns, consumers, staging rows, ring slots. Shared
-// memory decides the rest: fp32 converts in place, which leaves tf32 room for a fifth slot and Tf32x3 (two operand
-// copies, two weight copies) room for a 128-column tile.
-using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 256, 1, 2>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 256, 2, 0, 5>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 128, 2, 0>;
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 256, 2, 2>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 256, 2, 2>;
+// The instantiations: (arch, precision) -> tile columns, part columns, consumers, ring slots. Shared memory decides
+// the rest: tf32 has room for a fifth slot, Tf32x3 (two operand copies, two weight copies) for a 128-column tile
+// with four, 16-bit rows (half the bytes) for six.
+using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 256, 1, 4>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 256, 2, 5>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 128, 2, 4>;
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 256, 2, 6>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 256, 2, 6>;
 
 // ================================================================ the kernel
-// Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor): copy row d + kStages into
-// staging while row d is converted into its slot once the consumer has released the slot's previous row, or (kStages
-// 0) copy rows raw into their slots and convert them in place. Each
-// consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window, release the rows no
-// later step needs once the MMAs have read them, and reduce and store while the other consumer multiplies.
+// A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
+// land while the consumer frees it. bars: the consumer's (full, empty) mbarrier pairs, one per slot.
+template <class Traits, bool kVec16>
+__device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
+                                             const typename Traits::Elem* __restrict__ x, int H, int W,
+                                             unsigned char* ring, uint64_t* bars) {
+  constexpr int kRing = Traits::kRing;
+  typename Traits::Producer::Row row;
+  for (uint32_t d = 0; ahead.valid(); ++d) {
+    const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
+    const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
+    ahead.next();
+    if constexpr (kVec16) producer.load(row, x_img, y, col0);
+    uint64_t* const full = bars + (d % kRing) * 2;
+    mbarrier_wait(full + 1, ((d / kRing) & 1) ^ 1);  // empty: the slot's previous row is released
+    unsigned char* const slot = ring + (d % kRing) * Traits::kSlotBytes;
+    if constexpr (kVec16) {
+      producer.store(row, slot);
+    } else {
+      producer.copy_by_element(x_img, y, col0, slot);
+    }
+    fence_proxy_async();
+    mbarrier_arrive(full);
+  }
+}
+
+// Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor, produce_rows()): load row d
+// into registers, wait until the consumer has released the slot's previous row, store it there. Each consumer walks
+// its steps: wait for the step's new rows, issue the MMAs over the 3-row window, release the rows no later step
+// needs once the MMAs have read them, and reduce and store while the other consumer multiplies.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
@@ -856,12 +895,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                              int H, int W, int64_t total_steps) {
   if constexpr (!Traits::kUsesWgmma || kHasWgmma) {
     using Elem = typename Traits::Elem;
-    constexpr int kRing = Traits::kRing, kStages = Traits::kStages;
+    constexpr int kRing = Traits::kRing;
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const shared = smem + Traits::kSharedOffset;
     uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
     auto ring = [&](int c) { return smem + c * Traits::kConsumerBytes; };
-    auto staging = [&](int c) { return ring(c) + Traits::kRingBytes; };
     // Row counters are 32-bit: a consumer receives fewer than 2^32 rows (that many would take over 10^14 input
     // bytes), so they never wrap.
     auto full = [&](int c, uint32_t d) { return barriers + (c * kRing + d % kRing) * 2; };
@@ -883,54 +921,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
-      const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads,
-                                               Traits::kProducerThreads);
-      RowCursor ahead(begin, end, OH, col_blocks);
-      auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
-      auto image = [&]() { return x + ahead.at.n * Traits::kCin * ((int64_t)H * W); };
-      auto copy_row = [&](unsigned char* dst) {
-        producer.issue(dst, image(), ahead.y(), ahead.at.cb * Traits::kTileCols);
-        ahead.next();
-      };
-      uint32_t issued = 0;
-      // Copies the next row, if any, to target(issued), then commits a cp.async group (an empty one past the last
-      // row, so that the wait counts below stay fixed).
-      auto copy_next = [&](auto target) {
-        if (ahead.valid()) {
-          copy_row(target(issued));
-          ++issued;
-        }
-        cp_async_commit();
-      };
-      if constexpr (kStages == 0) {
-        // Rows are copied raw into their slot once the consumer has released the slot's previous row: with kRing 5,
-        // row d + 1 is copied while row d is converted in its own. (With 4 slots a copy ahead would wait for the
-        // release of row d - 3, i.e. the conversion of row d for the end of the step before the one that needs it:
-        // measured 1.63 against 1.18 ms for strict.)
-        constexpr int kAhead = kRing - (Traits::kKsize + 1);
-        auto raw = [&](uint32_t d) {  // the slot of row d, once its previous row is released
-          mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);
-          return slot(d) + Traits::Producer::kRawOffset;
-        };
-        for (int i = 0; i < kAhead; ++i) copy_next(raw);
-        for (uint32_t d = 0; d != issued || ahead.valid(); ++d) {
-          copy_next(raw);
-          cp_async_wait<kAhead>();  // row d (this thread's own items)
-          producer.template convert_in_place<Traits::kProducerThreads>(slot(d), 1 + Traits::kConsumers + c);
-          fence_proxy_async();
-          mbarrier_arrive(full(c, d));
-        }
+      const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads);
+      const RowCursor rows(begin, end, OH, col_blocks);
+      if (producer.vec16) {
+        produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), full(c, 0));
       } else {
-        auto stage = [&](uint32_t d) { return staging(c) + (d % kStages) * Traits::Producer::kStageBytes; };
-        for (int i = 0; i < kStages; ++i) copy_next(stage);
-        for (uint32_t d = 0; d != issued; ++d) {
-          cp_async_wait<kStages - 1>();
-          mbarrier_wait(empty(c, d), ((d / kRing) & 1) ^ 1);  // the slot's previous row is released
-          producer.convert(stage(d), slot(d));
-          fence_proxy_async();
-          mbarrier_arrive(full(c, d));
-          copy_next(stage);  // into the staging row just converted (this thread's own items)
-        }
+        produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), full(c, 0));
       }
     } else {
       const int c = role - 1, ctid = threadIdx.x % Traits::kWarpgroup;
@@ -938,7 +934,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
       typename Traits::Mainloop mainloop(shared, b, ctid);
-      typename Traits::Epilogue epilogue(staging(c) + kStages * Traits::Producer::kStageBytes, c, ctid);
+      typename Traits::Epilogue epilogue(ring(c) + Traits::kRingBytes, c, ctid);
       auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1

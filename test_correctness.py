@@ -341,6 +341,9 @@ def _ptxas_report(tmp_path, arch="90a"):
 def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
     report = _ptxas_report(tmp_path)
     assert "warning" not in report.lower(), report
+    # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
+    # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
+    assert "potential performance loss" not in report.lower(), report
     blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
     kernels = {b.split("'")[1]: b for b in blocks}
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}

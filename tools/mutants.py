@@ -45,24 +45,20 @@ MUTANTS = {
         "const uint32_t sel = (j & 1) ? 0x5410 : 0x7632;",
         ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
-    # the staged conversion (bf16/fp16) writes each column to its rotated place but takes the unrotated one's values
+    # the producer writes each column to its rotated place but takes the unrotated one's values (every precision)
     "column_rotation_mismatch": (
         "store_column(dst + (4 * piece + j) * 16, column(v, j));",
         "store_column(dst + (4 * piece + j) * 16, column(v, jj));",
-        ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
+        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]",
+         "test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
-    # the same in the in-place conversion (TF32, strict fp32)
-    "in_place_rotation_mismatch": (
-        "store_column(dst + j * 16, column(v[k], j));",
-        "store_column(dst + j * 16, column(v[k], jj));",
-        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
-    ),
-    # the in-place conversion without its barrier: a warp's converted writes overwrite raw data another warp has not
-    # read yet
-    "in_place_without_barrier": (
-        "    named_barrier<kThreads>(barrier_id);\n",
-        "",
-        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
+    # the element-by-element loads (W not a multiple of the vector width) read one channel for all of a group's
+    "element_loads_miss_the_channel_stride": (
+        """      for (int c = 0; c < kVec; ++c, src += plane) {
+        Bits e[kVec];""",
+        """      for (int c = 0; c < kVec; ++c) {
+        Bits e[kVec];""",
+        ["test_edge_shapes[2x16x67x67-fused-tf32]", "test_edge_shapes[2x16x67x67-fused-bf16]"],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (

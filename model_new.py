@@ -218,13 +218,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-__device__ __forceinline__ void wgmma_wait_for(int pending) {  // pending: a constant after unrolling
-  if (pending == 0) {
-    wgmma_wait<0>();
-  } else {
-    wgmma_wait<1>();
-  }
-}
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // Shared-memory matrix descriptor, no swizzle: start address, then the byte offsets between 8-row x 16-byte core
@@ -490,15 +483,16 @@ struct RowProducer {
 // ================================================================ mainloops (MMA policies)
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW)
 // sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows oy..oy+2;
-// finish(acc, p) waits for part p. wgmma runs between the two, while the consumer reduces the previous part.
+// finish(acc) waits for them. wgmma runs between the two (while the other consumer reduces its previous step).
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
-// x kMmaK channels from the slot; both from shared memory, one instruction per k-step and part. The weights are
+// x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
 // staged once per CTA as K-major core matrices: rows 8m..8m+7, k-elements 16 bytes' worth (kGroupChannels) at
 // ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
-// small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. Part p of the tile
-// (kPartCols pixels) is one commit group: its epilogue runs while the next part is still being multiplied.
-template <class Geometry_, int kPartCols_>
+// small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
+// whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
+// other multiplied, were slower: docs/perf-notes.md, 9a and 10e).
+template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
@@ -506,18 +500,12 @@ struct WgmmaMainloop {
   static constexpr bool kSplit = Precision::kCopies == 2;
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
   using Accum = float[kNBlocks][4];
-  static constexpr int kPartCols = kPartCols_;
-  static constexpr int kParts = Geometry::kTileCols / kPartCols;
-  static constexpr int kPartBlocks = kPartCols / 8;
-  using Part = float[kPartBlocks][4];
-  static_assert(Geometry::kTileCols % kPartCols == 0 && kParts <= 2, "wgmma_wait_for() expects one or two parts");
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
   static constexpr int kWeightBytes = Geometry::kKSteps * kAStepBytes;  // one copy
   static constexpr int kSmemBytes = Precision::kCopies * kWeightBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
-  __device__ static Part& part(Accum& acc, int p) { return reinterpret_cast<Part&>(acc[p * kPartBlocks]); }
 
   const uint64_t weights;  // descriptor of k-step 0
   float bias_lo, bias_hi;
@@ -579,33 +567,30 @@ struct WgmmaMainloop {
     pin(acc);
     wgmma_fence();
 #pragma unroll
-    for (int p = 0; p < kParts; ++p) {
-#pragma unroll
-      for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
-        const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
-        // B for k-step (kh, kw, kb) of part p: groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices
-        // kGroupBytes apart), starting kPartCols * p + kw columns in (N-direction core matrices 128 bytes apart).
-        const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (kPartCols * p + tap % 3) * 16) >> 4);
-        const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
-        if constexpr (kSplit) {
-          wgmma_async(part(acc_small, p), a + (kWeightBytes >> 4), b, Operand<float>{});
-          wgmma_async(part(acc_small, p), a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});
-        }
-        wgmma_async(part(acc, p), a, b, Operand<Elem>{});
+    for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
+      const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
+      // B for k-step (kh, kw, kb): groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices kGroupBytes apart),
+      // starting kw columns in (N-direction core matrices 128 bytes apart).
+      const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (tap % 3) * 16) >> 4);
+      const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
+      if constexpr (kSplit) {
+        wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});
+        wgmma_async(acc_small, a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});
       }
-      wgmma_commit();
+      wgmma_async(acc, a, b, Operand<Elem>{});
     }
+    wgmma_commit();
   }
-  // Part p's products have landed in acc.
-  __device__ void finish(Accum& acc, int p) {
-    wgmma_wait_for(kParts - 1 - p);
+  // The step's products have landed in acc.
+  __device__ void finish(Accum& acc) {
+    wgmma_wait<0>();
     pin(acc);
     if constexpr (kSplit) {
       pin(acc_small);
 #pragma unroll
-      for (int j = 0; j < kPartBlocks; ++j)
+      for (int j = 0; j < kNBlocks; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[p * kPartBlocks + j][i] += acc_small[p * kPartBlocks + j][i];
+        for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
     }
   }
   __device__ static void pin(Accum& acc) {
@@ -626,7 +611,6 @@ struct MmaSyncMainloop {
   static constexpr int kMTiles = kWarpCols / 16;
   static constexpr int kNTiles = Geometry::kCout / 8;
   using Accum = float[kMTiles][kNTiles][4];
-  static constexpr int kParts = 1;
   static constexpr int kWeightFloats = Geometry::kKSteps * 32 * kNTiles * 2;
   static constexpr int kSmemBytes = (kWeightFloats + Geometry::kCout) * 4;
   static constexpr int kRegisters = kMTiles * kNTiles * 4 + kNTiles * 2;
@@ -693,27 +677,27 @@ struct MmaSyncMainloop {
       }
     }
   }
-  __device__ void finish(Accum&, int) {}
+  __device__ void finish(Accum&) {}
 };
 
 // ================================================================ epilogues
 // Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
 
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
-// 8j + 2t + (i & 1). Per part: the min over the thread's two channels leaves 2 * kPartBlocks values; three
-// butterfly steps over g (lanes xor 4, 8, 16) each keep half of them and fold in the partner's other half, so every
-// lane ends with the warp's minima (its 16 channels) of kFinal pixels, having shuffled 2 * kPartBlocks - kFinal
-// values instead of all of them three times. The 4 warps' minima meet in shared memory; each thread finishes one
-// pixel. The consumer's 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per
-// part, or per step), so a buffer is refilled only after the barrier of the other one, which every thread reaches
-// after reading it. Buffer rows are skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
+// 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values; three butterfly steps over g
+// (lanes xor 4, 8, 16) each keep half of them and fold in the partner's other half, so every lane ends with the
+// warp's minima (its 16 channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of
+// them three times. The 4 warps' minima meet in shared memory; each thread finishes every 128th pixel. The
+// consumer's 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per step), so a
+// buffer is refilled only after the barrier of the other one, which every thread reaches after reading it. Buffer
+// rows are skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
 template <class Mainloop>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
-  static constexpr int kPartCols = Mainloop::kPartCols;
-  static constexpr int kPartBlocks = Mainloop::kPartBlocks;
-  static constexpr int kFinal = 2 * kPartBlocks / 8;  // pixels per lane after the butterfly
-  static constexpr int kRedPitch = kPartCols + kPartCols / 4;
+  static constexpr int kTileCols = Geometry::kTileCols;
+  static constexpr int kNBlocks = Mainloop::kNBlocks;
+  static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
+  static constexpr int kRedPitch = kTileCols + kTileCols / 4;
   static constexpr int kBufferFloats = 4 * kRedPitch;
   static constexpr int kSmemBytes = 2 * kBufferFloats * 4;  // per consumer
   static_assert(kFinal % 2 == 0, "float2 stores");
@@ -724,7 +708,7 @@ struct WgmmaEpilogue {
       : red(reinterpret_cast<float*>(smem)), barrier_id(1 + consumer), ctid(ctid_) {}
   __device__ static int skewed(int pixel) { return pixel + 8 * (pixel >> 5); }
   template <int kHalf>
-  __device__ static void fold(float (&v)[2 * kPartBlocks], bool upper, int lane_mask) {
+  __device__ static void fold(float (&v)[2 * kNBlocks], bool upper, int lane_mask) {
 #pragma unroll
     for (int i = 0; i < kHalf; ++i) {
       const float send = upper ? v[i] : v[i + kHalf], keep = upper ? v[i + kHalf] : v[i];
@@ -732,24 +716,23 @@ struct WgmmaEpilogue {
     }
   }
 
-  __device__ void store(const typename Mainloop::Accum& acc, int part, typename Geometry::Elem* out_row, int col0,
-                        int OW) {
+  __device__ void store(const typename Mainloop::Accum& acc, typename Geometry::Elem* out_row, int col0, int OW) {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
     float* const buffer = red + turn * kBufferFloats;
     turn ^= 1;
-    float v[2 * kPartBlocks];  // v[2j + e]: pixel 8j + 2t + e
+    float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
 #pragma unroll
-    for (int j = 0; j < kPartBlocks; ++j) {
-      const float(&a)[4] = acc[part * kPartBlocks + j];
+    for (int j = 0; j < kNBlocks; ++j) {
+      const float(&a)[4] = acc[j];
       v[2 * j] = nan_min(a[0], a[2]);
       v[2 * j + 1] = nan_min(a[1], a[3]);
     }
     // Step b (lane bit 2 + b): lanes with g bit b set keep the upper half. After the three steps v[i] holds value
     // i + kFinal * (bit2 + 2 * bit1 + 4 * bit0) of the start, with bit_b = (g >> b) & 1.
-    fold<kPartBlocks>(v, g & 1, 4);
-    fold<kPartBlocks / 2>(v, (g >> 1) & 1, 8);
-    fold<kPartBlocks / 4>(v, (g >> 2) & 1, 16);
+    fold<kNBlocks>(v, g & 1, 4);
+    fold<kNBlocks / 2>(v, (g >> 1) & 1, 8);
+    fold<kNBlocks / 4>(v, (g >> 2) & 1, 16);
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
     float* const row = buffer + warp * kRedPitch;
 #pragma unroll
@@ -759,8 +742,8 @@ struct WgmmaEpilogue {
     }
     named_barrier<Geometry::kWarpgroup>(barrier_id);
 #pragma unroll
-    for (int p = ctid; p < kPartCols; p += Geometry::kWarpgroup) {
-      const int col = col0 + part * kPartCols + p;
+    for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
+      const int col = col0 + p;
       if (col < OW) {
         const int at = skewed(p);
         const float m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
@@ -780,7 +763,7 @@ struct MmaSyncEpilogue {
   const int ctid;
   __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_) : ctid(ctid_) {}
 
-  __device__ void store(const typename Mainloop::Accum& acc, int, float* out_row, int col0, int OW) {
+  __device__ void store(const typename Mainloop::Accum& acc, float* out_row, int col0, int OW) {
     const int lane = ctid & 31;
     const int g = lane >> 2, t = lane & 3;
     float lo_t = 0.f, hi_t = 0.f;
@@ -814,14 +797,14 @@ enum class MmaKind { kMmaSync, kWgmma };
 // A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
 // steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's warps are
 // split evenly between the consumers.
-template <MmaKind kMma, class Precision, int kTileCols, int kPartCols, int kConsumers_, int kRing_>
+template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kRing_>
 struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   using Geometry = ConvGeometry<Precision, kTileCols>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
   using Mainloop =
-      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry, kPartCols>, MmaSyncMainloop<Geometry>>;
+      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
   using Epilogue =
-      std::conditional_t<kUsesWgmma, WgmmaEpilogue<WgmmaMainloop<Geometry, kPartCols>>, MmaSyncEpilogue<Geometry>>;
+      std::conditional_t<kUsesWgmma, WgmmaEpilogue<WgmmaMainloop<Geometry>>, MmaSyncEpilogue<Geometry>>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
   static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
@@ -848,14 +831,14 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
-// The instantiations: (arch, precision) -> tile columns, part columns, consumers, ring slots. Shared memory decides
+// The instantiations: (arch, precision) -> tile columns, consumers, ring slots. Shared memory decides
 // the rest: tf32 has room for a fifth slot, Tf32x3 (two operand copies, two weight copies) for a 128-column tile
 // with four, 16-bit rows (half the bytes) for six.
-using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 256, 1, 4>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 256, 2, 5>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 128, 2, 4>;
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 256, 2, 6>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 256, 2, 6>;
+using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4>;
+using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 5>;
+using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4>;
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 2, 6>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 2, 6>;
 
 // ================================================================ the kernel
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
@@ -947,14 +930,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int col0 = at.cb * Traits::kTileCols;
         mainloop.start(acc, window, col0, OW);
         Elem* const out_row = out + (at.n * OH + at.oy) * (int64_t)OW;
-#pragma unroll
-        for (int p = 0; p < Traits::Mainloop::kParts; ++p) {
-          mainloop.finish(acc, p);
-          if (p == Traits::Mainloop::kParts - 1) {  // the MMAs have read the window: free what no later step uses
-            for (uint32_t d = rows - 3; d != (strip_ends ? rows : rows - 2); ++d) mbarrier_arrive(empty(c, d));
-          }
-          epilogue.store(acc, p, out_row, col0, OW);
-        }
+        mainloop.finish(acc);
+        // The MMAs have read the window: free what no later step uses.
+        for (uint32_t d = rows - 3; d != (strip_ends ? rows : rows - 2); ++d) mbarrier_arrive(empty(c, d));
+        epilogue.store(acc, out_row, col0, OW);
       }
     }
   }
@@ -1103,7 +1082,7 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 """
 
 # wgmma forms the instantiations may use: operand type, PTX type.
-_WGMMA_NS = (128, 256)  # the part widths the instantiations use
+_WGMMA_NS = (128, 256)  # the tile widths the instantiations use
 _WGMMA_FORMS = (("float", "tf32"), ("__nv_bfloat16", "bf16"), ("__half", "f16"))
 
 

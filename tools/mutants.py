@@ -34,8 +34,8 @@ MUTANTS = {
     ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
-        """          wgmma_async(part(acc_small, p), a + (kWeightBytes >> 4), b, Operand<float>{});
-          wgmma_async(part(acc_small, p), a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
+        """        wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});
+        wgmma_async(acc_small, a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
     ),
@@ -62,7 +62,7 @@ MUTANTS = {
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
-        "fold<kPartBlocks / 4>(v, (g >> 2) & 1, 16);",
+        "fold<kNBlocks / 4>(v, (g >> 2) & 1, 16);",
         "",
         ["test_full_size_matches_reference[0]"],
     ),

@@ -23,18 +23,18 @@ FULL = (reference.batch_size, reference.in_channels, reference.height, reference
 
 # (backend, precision (a name in harness.PRECISIONS: its TF32 setting and tolerance), shape, dtype).
 CASES = [
-    ("fused", "tf32", (128, 16, 256, 256), torch.float32),  # the full problem; fp32 rows are converted in place
+    ("fused", "tf32", (128, 16, 256, 256), torch.float32),  # the full problem: 16-byte row loads
     ("fused", "tf32", (3, 16, 67, 300), torch.float32),  # two column blocks, ragged rows and columns
-    ("fused", "tf32", (2, 16, 259, 130), torch.float32),  # W % 4 != 0
+    ("fused", "tf32", (2, 16, 259, 130), torch.float32),  # W % 4 != 0: rows loaded element by element
     ("fused_mma_sync", "tf32", (128, 16, 256, 256), torch.float32),
     ("fused_mma_sync", "tf32", (3, 16, 67, 300), torch.float32),
     ("fused_mma_sync", "tf32", (2, 16, 259, 130), torch.float32),
     ("fused", "strict_fp32", (128, 16, 256, 256), torch.float32),  # 3xTF32: both operand and weight copies in smem
     ("fused", "strict_fp32", (3, 16, 67, 300), torch.float32),
     ("fused", "strict_fp32", (2, 16, 259, 130), torch.float32),
-    ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte staged copies (W % 8 == 0)
+    ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte row loads (W % 8 == 0)
     ("fused", "bf16", (3, 16, 67, 264), torch.bfloat16),  # ragged, W % 8 == 0
-    ("fused", "bf16", (2, 16, 259, 130), torch.bfloat16),  # W % 8 != 0: element-wise staging
+    ("fused", "bf16", (2, 16, 259, 130), torch.bfloat16),  # W % 8 != 0: rows loaded element by element
     ("fused", "fp16", (128, 16, 256, 256), torch.float16),
     ("fused", "fp16", (3, 16, 67, 264), torch.float16),
     ("fused", "fp16", (2, 16, 259, 131), torch.float16),  # odd W

@@ -1081,24 +1081,23 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 }
 """
 
-# wgmma forms the instantiations may use: operand type, PTX type.
-_WGMMA_NS = (128, 256)  # the tile widths the instantiations use
-_WGMMA_FORMS = (("float", "tf32"), ("__nv_bfloat16", "bf16"), ("__half", "f16"))
+# The wgmma shapes the instantiations use: (N = tile columns, operand type, PTX type). 3xTF32 runs 128-column tiles,
+# the others 256.
+_WGMMA_SHAPES = ((128, "float", "tf32"), (256, "float", "tf32"), (256, "__nv_bfloat16", "bf16"), (256, "__half", "f16"))
 
 
 def _wgmma_wrappers():
-    """wgmma.mma_async wrappers, one per (N in _WGMMA_NS, form in _WGMMA_FORMS), told apart by the accumulator's
-    type: their N/2 accumulator operands are written out here rather than by hand. D(64 x N) += A(64 x k) * B(k x N),
-    both K-major shared-memory descriptors."""
+    """wgmma.mma_async wrappers, one per shape in _WGMMA_SHAPES, told apart by the accumulator's type: their N/2
+    accumulator operands are written out here rather than by hand. D(64 x N) += A(64 x k) * B(k x N), both K-major
+    shared-memory descriptors."""
     out = []
-    for n in _WGMMA_NS:
-        for elem, ptx in _WGMMA_FORMS:
-            regs = n // 2
-            k = 8 if ptx == "tf32" else 16
-            d_regs = ", ".join(f"%{i}" for i in range(regs))
-            d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
-            tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0, 0"  # scale-d, scale-a, scale-b(, no transposes)
-            out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a,
+    for n, elem, ptx in _WGMMA_SHAPES:
+        regs = n // 2
+        k = 8 if ptx == "tf32" else 16
+        d_regs = ", ".join(f"%{i}" for i in range(regs))
+        d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
+        tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0, 0"  # scale-d, scale-a, scale-b(, no transposes)
+        out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a,
                                             uint64_t desc_b, Operand<{elem}>) {{
 #if KB25_HAS_WGMMA
   asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, %{regs}, %{regs + 1}, {tail};\\n"

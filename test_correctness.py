@@ -338,20 +338,27 @@ def _ptxas_report(tmp_path, arch="90a"):
     return proc.stderr
 
 
+def _ptxas_kernels(report):
+    """ptxas's report split per kernel (mangled name -> its lines), after checking that it has no warning and that
+    no kernel uses a stack frame or spills."""
+    assert "warning" not in report.lower(), report
+    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
+    kernels = {b.split("'")[1]: b for b in blocks}
+    for name, block in kernels.items():
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
+    return kernels
+
+
 def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
     report = _ptxas_report(tmp_path)
-    assert "warning" not in report.lower(), report
+    kernels = _ptxas_kernels(report)
     # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
     # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
     assert "potential performance loss" not in report.lower(), report
-    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
-    kernels = {b.split("'")[1]: b for b in blocks}
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
     assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(kernels)  # each (arch, precision), once
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    for name, block in kernels.items():
-        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
     # The wgmma design: the fp32 accumulators (64 x tile columns / 128 threads; 3xTF32 keeps two of its 128-column
     # tile) stay in registers for the whole kernel (the weights are in shared memory).
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
@@ -361,14 +368,9 @@ def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
 
 def test_cuda_source_compiles_for_sm80_without_spills(tmp_path):
     """Other GPUs build the file for their own arch: the mma.sync kernel runs there, the wgmma kernels are empty."""
-    report = _ptxas_report(tmp_path, "80")
-    assert "warning" not in report.lower(), report
-    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
-    kernels = {b.split("'")[1]: b for b in blocks}
+    kernels = _ptxas_kernels(_ptxas_report(tmp_path, "80"))
     assert sorted(_instantiation(k) for k in kernels if "conv3x3_min_tanh2_kernel" in k) == \
         sorted(model_new.FUSED_KERNELS)
-    for name, block in kernels.items():
-        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
 
 
 def _instantiation(mangled):

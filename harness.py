@@ -135,8 +135,13 @@ def poison_cuda_allocator(nbytes):
     del block
 
 
-def l2_flush_buffer(device=None):
-    """A buffer at least twice the L2 (and at least 256 MiB); writing it evicts whatever a trial left in L2."""
+def l2_flush_buffer(device="cuda"):
+    """A buffer on the GPU, at least twice its L2 (and at least 256 MiB); writing it evicts whatever a trial left in
+    L2. It must live on the device: a host buffer leaves L2 as it was and makes the GPU idle while the CPU fills it,
+    so the trial that follows starts on an idle GPU and pays the host's launch latency."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"l2_flush_buffer: expected a CUDA device, got {device}")
     props = torch.cuda.get_device_properties(device)
     l2 = getattr(props, "L2_cache_size", 0) or 64 * 2**20
     return torch.empty(max(2 * l2, 256 * 2**20) // 4, dtype=torch.float32, device=device)
@@ -182,8 +187,8 @@ def measure_host_us(model):
 
 
 def time_cuda(fn, trials=25, warmup=3, before=None):
-    """Per-trial device times in ms (CUDA events), with an L2 flush (writing a buffer twice the L2) before each
-    trial; `before` replaces that flush with another untimed step."""
+    """Per-trial device times in ms (CUDA events), with an L2 flush (a GPU write of a buffer twice the L2) queued
+    before each trial; `before` replaces that flush with another untimed step."""
     if before is None:
         flush = l2_flush_buffer()
         before = lambda: flush.fill_(1.0)  # noqa: E731

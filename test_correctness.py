@@ -544,6 +544,31 @@ def test_extension_built():
     assert model_new.extension_available()
 
 
+def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
+    """The timer's flush must write GPU memory: a host buffer (bench.py's first flush: torch.empty with no device)
+    leaves L2 as it was and lets the GPU idle while the CPU fills it. Checked on any machine by intercepting the
+    allocation, and for real where a GPU is present."""
+    import types
+
+    made = {}
+
+    def fake_empty(*size, **kwargs):
+        made.update(size=size, **kwargs)
+        return "buffer"
+
+    if HAS_CUDA:
+        flush = harness.l2_flush_buffer()
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        assert flush.is_cuda and flush.numel() * flush.element_size() >= 2 * l2, (flush.device, flush.numel())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(L2_cache_size=50 << 20))
+    monkeypatch.setattr(torch, "empty", fake_empty)
+    assert harness.l2_flush_buffer() == "buffer"
+    assert torch.device(made["device"]).type == "cuda", f"flush buffer allocated on {made.get('device')!r}"
+    assert made["size"][0] * 4 >= 256 << 20
+    with pytest.raises(ValueError, match="expected a CUDA device, got cpu"):
+        harness.l2_flush_buffer("cpu")
+
+
 @needs_cuda
 def test_auto_backend_decision_table_on_gpu(tf32_default):
     """The C++ table: fused for a batched float32 input of the 16->64 3x3 conv while the reference conv would run

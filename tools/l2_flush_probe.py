@@ -1,6 +1,8 @@
-"""How much the L2 flush before each trial costs the fused kernel: the same ModelNew call timed (CUDA events, median)
-after bench.py's flush (a 256 MiB fill, leaving L2 full of dirty lines), after a read-only pass over the same buffer,
-after an idle GPU (a 1 ms device sleep), and back to back; plus the SM clock and power nvidia-smi reports under load.
+"""What the step before a trial costs the fused kernel: the same ModelNew call timed (CUDA events, median) after
+bench.py's flush (a 256 MiB fill on the GPU, leaving L2 full of dirty lines), after a read-only pass over that buffer,
+after a 256 MiB fill of a host buffer (what bench.py's flush did before it was moved to the GPU: L2 untouched, the
+GPU idle while the CPU fills), after the host sleeps 25 ms, after a 1 ms device sleep, and back to back; plus the SM
+clock and power nvidia-smi reports under load.
 
     python3 tools/l2_flush_probe.py [--trials 30]
 """
@@ -40,6 +42,7 @@ def main():
         print("l2_flush_probe.py needs a CUDA GPU; none is available here")
         return 2
     flush = harness.l2_flush_buffer()
+    host = torch.empty(flush.numel(), dtype=flush.dtype)
     for name in ("tf32", "bf16"):
         precision = harness.PRECISIONS[name]
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
@@ -49,19 +52,23 @@ def main():
         with torch.no_grad():
             fn = lambda: new(x)  # noqa: E731
             median = lambda before: statistics.median(harness.time_cuda(fn, args.trials, before=before))  # noqa: E731
-            written = median(lambda: flush.fill_(1.0))
-            read = median(lambda: flush.sum())
-            idle = median(lambda: torch.cuda._sleep(2_000_000))
+            rows = {
+                "after the GPU flush (written)": median(lambda: flush.fill_(1.0)),
+                "after a GPU read of the flush buffer": median(lambda: flush.sum()),
+                "after a host fill of 256 MiB (the old flush)": median(lambda: host.fill_(1.0)),
+                "after the host sleeps 25 ms": median(lambda: time.sleep(0.025)),
+                "after a 1 ms device sleep": median(lambda: torch.cuda._sleep(2_000_000)),
+            }
             burst_start, burst_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             burst_start.record()
             for _ in range(args.trials):
                 fn()
             burst_end.record()
             torch.cuda.synchronize()
-            burst = burst_start.elapsed_time(burst_end) / args.trials
+            rows["back to back"] = burst_start.elapsed_time(burst_end) / args.trials
             load = clocks_under_load(fn)
-        print(f"{name} {new.fused_kernel(x)}: after a written flush {written:.4f} ms, after a read flush {read:.4f}, "
-              f"after idle {idle:.4f}, back to back {burst:.4f} | under load: {load}", flush=True)
+        print(f"{name} {new.fused_kernel(x)}: " + ", ".join(f"{k} {v:.4f} ms" for k, v in rows.items())
+              + f" | under load: {load}", flush=True)
     return 0
 
 

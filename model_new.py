@@ -483,7 +483,7 @@ struct RowProducer {
 // ================================================================ mainloops (MMA policies)
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW)
 // sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows oy..oy+2;
-// finish(acc) waits for them. wgmma runs between the two (while the other consumer reduces its previous step).
+// finish(acc) waits for them. wgmma runs between the two, while the consumer writes its previous step.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -688,9 +688,11 @@ struct MmaSyncMainloop {
 // (lanes xor 4, 8, 16) each keep half of them and fold in the partner's other half, so every lane ends with the
 // warp's minima (its 16 channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of
 // them three times. The 4 warps' minima meet in shared memory; each thread finishes every 128th pixel. The
-// consumer's 128 threads meet at their own named barrier. Two reduction buffers, used in turn (one per step), so a
-// buffer is refilled only after the barrier of the other one, which every thread reaches after reading it. Buffer
-// rows are skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
+// consumer's 128 threads meet at their own named barrier. Two halves: reduce() reads the accumulators and leaves
+// the warp's minima in the step's buffer; write() (barrier, min over the warps, tanh, tanh, store) runs one step
+// later, while the next step's MMAs are in flight. Two reduction buffers, used in turn (one per step), so a buffer
+// is refilled only after the barrier of the other one, which every thread reaches after reading it. Buffer rows are
+// skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
 template <class Mainloop>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -716,11 +718,13 @@ struct WgmmaEpilogue {
     }
   }
 
-  __device__ void store(const typename Mainloop::Accum& acc, typename Geometry::Elem* out_row, int col0, int OW) {
+  // What a reduced step keeps in registers until its write: nothing, its warps' minima wait in shared memory.
+  struct Partial {};
+  // The part that reads the accumulators: the min over the thread's two channels, the butterfly, and the warp's
+  // minima into this step's buffer.
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    float* const buffer = red + turn * kBufferFloats;
-    turn ^= 1;
     float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
 #pragma unroll
     for (int j = 0; j < kNBlocks; ++j) {
@@ -734,12 +738,19 @@ struct WgmmaEpilogue {
     fold<kNBlocks / 2>(v, (g >> 1) & 1, 8);
     fold<kNBlocks / 4>(v, (g >> 2) & 1, 16);
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
-    float* const row = buffer + warp * kRedPitch;
+    float* const row = red + turn * kBufferFloats + warp * kRedPitch;
 #pragma unroll
     for (int i = 0; i < kFinal; i += 2) {
       const int pixel = 8 * ((first + i) / 2) + 2 * t;
       *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
     }
+    return {};
+  }
+  // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
+  // min over them, tanh, tanh and the store.
+  __device__ void write(const Partial&, typename Geometry::Elem* out_row, int col0, int OW) {
+    float* const buffer = red + turn * kBufferFloats;
+    turn ^= 1;
     named_barrier<Geometry::kWarpgroup>(barrier_id);
 #pragma unroll
     for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
@@ -763,9 +774,11 @@ struct MmaSyncEpilogue {
   const int ctid;
   __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_) : ctid(ctid_) {}
 
-  __device__ void store(const typename Mainloop::Accum& acc, float* out_row, int col0, int OW) {
-    const int lane = ctid & 31;
-    const int g = lane >> 2, t = lane & 3;
+  struct Partial {
+    float lo, hi;  // the minima of pixels 16t + g and 16t + g + 8 of the warp's columns
+  };
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
+    const int t = ctid & 3;
     float lo_t = 0.f, hi_t = 0.f;
 #pragma unroll
     for (int mt = 0; mt < Mainloop::kMTiles; ++mt) {
@@ -785,9 +798,14 @@ struct MmaSyncEpilogue {
         hi_t = hi;
       }
     }
+    return {lo_t, hi_t};
+  }
+  __device__ void write(const Partial& part, float* out_row, int col0, int OW) {
+    const int lane = ctid & 31;
+    const int g = lane >> 2, t = lane & 3;
     const int col = col0 + (ctid >> 5) * Mainloop::kWarpCols + t * 16 + g;
-    if (col < OW) out_row[col] = tanh2(lo_t);
-    if (col + 8 < OW) out_row[col + 8] = tanh2(hi_t);
+    if (col < OW) out_row[col] = tanh2(part.lo);
+    if (col + 8 < OW) out_row[col + 8] = tanh2(part.hi);
   }
 };
 
@@ -869,8 +887,8 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
 
 // Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor, produce_rows()): load row d
 // into registers, wait until the consumer has released the slot's previous row, store it there. Each consumer walks
-// its steps: wait for the step's new rows, issue the MMAs over the 3-row window, release the rows no later step
-// needs once the MMAs have read them, and reduce and store while the other consumer multiplies.
+// its steps: wait for the step's new rows, issue the MMAs over the 3-row window, write the previous step while they
+// run, release the rows no later step needs once the MMAs have read them, and reduce the step.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
@@ -921,6 +939,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight, so the
+      // tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
+      typename Traits::Epilogue::Partial pending;
+      Elem* pending_row = nullptr;
+      int pending_col0 = 0;
       for (int64_t s = begin; s < end; ++s, at.advance()) {
         const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
         for (int i = 0; i < fresh; ++i, ++rows) mbarrier_wait(full(c, rows), (rows / kRing) & 1);
@@ -929,12 +952,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         unsigned char* const window[3] = {slot(rows - 3), slot(rows - 2), slot(rows - 1)};
         const int col0 = at.cb * Traits::kTileCols;
         mainloop.start(acc, window, col0, OW);
-        Elem* const out_row = out + (at.n * OH + at.oy) * (int64_t)OW;
+        if (s != begin) epilogue.write(pending, pending_row, pending_col0, OW);
         mainloop.finish(acc);
         // The MMAs have read the window: free what no later step uses.
         for (uint32_t d = rows - 3; d != (strip_ends ? rows : rows - 2); ++d) mbarrier_arrive(empty(c, d));
-        epilogue.store(acc, out_row, col0, OW);
+        pending = epilogue.reduce(acc);
+        pending_row = out + (at.n * OH + at.oy) * (int64_t)OW;
+        pending_col0 = col0;
       }
+      if (begin < end) epilogue.write(pending, pending_row, pending_col0, OW);
     }
   }
 }

@@ -66,6 +66,18 @@ MUTANTS = {
         "",
         ["test_full_size_matches_reference[0]"],
     ),
+    # a consumer never writes the last step of its range (its write waits for a next step that never comes)
+    "last_step_never_written": (
+        "      if (begin < end) epilogue.write(pending, pending_row, pending_col0, OW);\n",
+        "",
+        ["test_full_size_matches_reference[0]", "test_edge_shapes[2x16x67x67-fused-bf16]"],
+    ),
+    # the deferred write lands in the current step's row instead of the previous step's
+    "write_goes_to_the_current_row": (
+        "if (s != begin) epilogue.write(pending, pending_row, pending_col0, OW);",
+        "if (s != begin) epilogue.write(pending, out + (at.n * OH + at.oy) * (int64_t)OW, col0, OW);",
+        ["test_full_size_matches_reference[0]"],
+    ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
     "strict_inf_times_zero": (
         "if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);",

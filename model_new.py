@@ -491,7 +491,7 @@ struct RowProducer {
 // ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
-// other multiplied, were slower: docs/perf-notes.md, 9a and 10e).
+// other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e).
 template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;

@@ -560,10 +560,12 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
         flush = harness.l2_flush_buffer()
         l2 = torch.cuda.get_device_properties(0).L2_cache_size
         assert flush.is_cuda and flush.numel() * flush.element_size() >= 2 * l2, (flush.device, flush.numel())
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(L2_cache_size=50 << 20))
+    fake_props = types.SimpleNamespace(L2_cache_size=50 << 20)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: fake_props)
     monkeypatch.setattr(torch, "empty", fake_empty)
     assert harness.l2_flush_buffer() == "buffer"
-    assert torch.device(made["device"]).type == "cuda", f"flush buffer allocated on {made.get('device')!r}"
+    device = made.get("device")
+    assert device is not None and torch.device(device).type == "cuda", f"flush buffer allocated on {device!r}"
     assert made["size"][0] * 4 >= 256 << 20
     with pytest.raises(ValueError, match="expected a CUDA device, got cpu"):
         harness.l2_flush_buffer("cpu")

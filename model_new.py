@@ -256,12 +256,15 @@ struct ConvGeometry {
   static constexpr int kKSteps = kTaps * kKStepsPerTap;
   static constexpr int kGroupChannels = 16 / (int)sizeof(Elem);
   static constexpr int kGroups = kCin / kGroupChannels;
-  static constexpr int kPitchCols = kTileCols + 8;
+  // Columns per group in a slot: a row segment, and for 16-bit an offset of 4 columns modulo 8 between the two
+  // groups (the producer's stores rely on it).
+  static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : 8);
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
   static constexpr int kSlotBytes = Precision::kCopies * kCopyBytes;
   static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
-  static_assert(kPitchCols >= kInCols && kPitchCols % 8 == 0, "a slot holds a whole input row segment");
+  static_assert(kPitchCols >= kInCols, "a slot holds a whole input row segment");
+  __host__ __device__ static int col_blocks(int OW) { return (OW + kTileCols - 1) / kTileCols; }
 };
 
 // ================================================================ scheduler
@@ -319,27 +322,39 @@ struct RowCursor {
 
 // ================================================================ producer (global -> registers -> slot)
 // One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems
-// items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel; consecutive threads take
-// consecutive chunks, so every load is coalesced. load() brings a thread's items into registers; store() turns them
-// into the slot layout: per 4-column piece it transposes the kGroupChannels channel pieces in registers, applies the
-// precision's conversion (TF32 rounding, or the 3xTF32 split into copy 0 (big) and copy 1 (small)) and writes one
-// 16-byte column at a time. Those writes land 16 * kVec bytes apart across the lanes; each lane starts at another
-// column (and piece), so 8 lanes hit 8 distinct 16-byte bank groups. A thread stores only what it loaded: no barrier
-// between the two, and shared memory sees each row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x
-// itself) the items are loaded element by element.
+// items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive
+// threads take consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i),
+// so a quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
+// registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
+// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding, or the 3xTF32 split into copy 0 (big)
+// and copy 1 (small)) and writes one 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
+// lanes, so each lane writes its columns in another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32
+// starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj
+// and its groups sit 4 columns apart modulo 8 (kPitchCols), which the byte permutes of the transpose absorb but for
+// one swap of words. A thread stores only what it loaded: no barrier between the two, and shared memory sees each
+// row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by
+// element.
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
-  using Piece = std::conditional_t<sizeof(Elem) == 4, uint4, uint2>;  // 4 columns of one channel
   // Elements per 16 bytes: the channels of one slot column, the columns of one item's channel.
   static constexpr int kVec = Geometry::kGroupChannels;
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
   static constexpr int kItems = Geometry::kGroups * kChunks;
-  static constexpr int kMine = (kItems + kThreads - 1) / kThreads;  // items per thread
-  static constexpr int kPieces = kVec / 4;
+  // The last chunk of each group (its columns reach only the tile's last kKsize - 1 pixels, which exist only where
+  // the row goes on past the tile) are the late items: items kBody.., one each for threads 0 .., loaded after the
+  // wait for the slot. The body, every other item, is kMine per thread, in flight in registers across that wait.
+  static constexpr int kBody = Geometry::kGroups * (kChunks - 1);
+  static constexpr int kMine = kBody / kThreads;
+  static constexpr int kLate = kItems - kBody;
+  static constexpr bool kInterleaved = sizeof(Elem) == 2;
   static constexpr int kRegisters = kMine * kVec * 4;  // one row in flight
+  static_assert(kBody % kThreads == 0 && kLate <= kThreads, "the body is whole items per thread");
+  static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
+  static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
+                "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
     uint4 raw[kMine][kVec];  // [item][channel]: kVec columns
   };
@@ -350,76 +365,112 @@ struct RowProducer {
       : plane((int64_t)H * W_), W(W_), tid(tid_),
         vec16(W_ % kVec == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
 
-  // The thread's k-th item: its kVec channel vectors, loaded in program order (volatile). kVec16: the chunks are
-  // 16-byte aligned (vec16); a launch runs one or the other.
-  template <bool kVec16>
-  __device__ void load_item(uint4 (&raw)[kVec], int k, const Elem* __restrict__ x_img, int y, int col0) const {
-    const int item = tid + k * kThreads;
-    if (item >= kItems) return;
-    const int grp = item / kChunks, col = kVec * (item - grp * kChunks);
-    const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane + col;
-    if constexpr (kVec16) {
-      // W % kVec == 0: a chunk is wholly inside or wholly outside the row. Outside, the loads read the image's
-      // first chunk instead (no branch around them) and count as 0.
-      const bool inside = col0 + col < W;
-      if (!inside) src = reinterpret_cast<const Bits*>(x_img);
-#pragma unroll
-      for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
-      if (!inside) {
-#pragma unroll
-        for (int c = 0; c < kVec; ++c) raw[c] = make_uint4(0, 0, 0, 0);
-      }
+  __device__ static void place(int item, int& grp, int& chunk) {
+    if (item >= kBody) {
+      grp = item - kBody;
+      chunk = kChunks - 1;
+    } else if constexpr (kInterleaved) {
+      grp = item % Geometry::kGroups;
+      chunk = item / Geometry::kGroups;
     } else {
-#pragma unroll
-      for (int c = 0; c < kVec; ++c, src += plane) {
-        Bits e[kVec];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) e[i] = col0 + col + i < W ? load_element(src + i) : Bits(0);
-        raw[c] = pack(e);
-      }
+      grp = item / (kChunks - 1);
+      chunk = item - grp * (kChunks - 1);
     }
   }
-  // Into the slot layout: per 4-column piece, transpose the kVec channel pieces, convert, write 16-byte columns.
-  __device__ void store_item(const uint4 (&raw)[kVec], int k, unsigned char* slot) const {
-    const int item = tid + k * kThreads;
-    if (item >= kItems) return;
-    const int grp = item / kChunks, chunk = item - grp * kChunks;
+  // Item `item`'s kVec channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
+  // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
+  // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
+  // are never stored.
+  __device__ void load_item(uint4 (&raw)[kVec], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+    int grp, chunk;
+    place(item, grp, chunk);
+    const int col = kVec * chunk;
+    const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane + col;
+    if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
+#pragma unroll
+    for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
+  }
+  // Into the slot layout: transpose the kVec channel vectors, convert, write 16-byte columns.
+  __device__ void store_item(const uint4 (&raw)[kVec], int item, unsigned char* slot) const {
+    int grp, chunk;
+    place(item, grp, chunk);
     unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
+    if constexpr (kInterleaved) {
+      // Column c of the chunk: word c / 2 of every channel vector, half c % 2. Store jj writes column jj ^ x: the
+      // words swapped in pairs where x & 2, the halves picked by the permute's selector where x & 1.
+      const int x = chunk & 3;
+      const bool swap = x & 2;
+      const uint32_t sel_even = (x & 1) ? 0x7632 : 0x5410, sel_odd = sel_even ^ 0x2222;
+      uint32_t w[kVec][4];
 #pragma unroll
-    for (int pp = 0; pp < kPieces; ++pp) {
-      const int piece = (pp + chunk) % kPieces;
-      Piece v[kVec];
+      for (int c = 0; c < kVec; ++c) {
+        w[c][0] = swap ? raw[c].y : raw[c].x;
+        w[c][1] = swap ? raw[c].x : raw[c].y;
+        w[c][2] = swap ? raw[c].w : raw[c].z;
+        w[c][3] = swap ? raw[c].z : raw[c].w;
+      }
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) v[c] = piece_of(raw[c], piece);
+      for (int jj = 0; jj < kVec; ++jj) {
+        const int q = jj >> 1;
+        const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
+        store_column(dst + (jj ^ x) * 16, make_uint4(__byte_perm(w[0][q], w[1][q], sel),
+                                                     __byte_perm(w[2][q], w[3][q], sel),
+                                                     __byte_perm(w[4][q], w[5][q], sel),
+                                                     __byte_perm(w[6][q], w[7][q], sel)));
+      }
+    } else {
+      // One 4-column piece: lane starts at column chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         const int j = (jj + (chunk >> 1)) & 3;
-        store_column(dst + (4 * piece + j) * 16, column(v, j));
+        store_column(dst + j * 16, make_uint4(pick(raw[0], j), pick(raw[1], j), pick(raw[2], j), pick(raw[3], j)));
       }
     }
   }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
-  // registers), then stored. Element by element (the rare path): each item is loaded and stored in turn, which
-  // needs fewer registers.
+  // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
+  // turn, zero past the row's end; slow, and next to no registers.
   __device__ void load(Row& row, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int k = 0; k < kMine; ++k) load_item<true>(row.raw[k], k, x_img, y, col0);
+    for (int k = 0; k < kMine; ++k) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
   }
-  __device__ void store(const Row& row, unsigned char* slot) const {
+  // The body, then this thread's late item if the row reaches it.
+  __device__ void store(const Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int k = 0; k < kMine; ++k) store_item(row.raw[k], k, slot);
+    for (int k = 0; k < kMine; ++k) store_item(row.raw[k], tid + k * kThreads, slot);
+    if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
+      uint4 raw[kVec];
+      load_item(raw, kBody + tid, x_img, y, col0);
+      store_item(raw, kBody + tid, slot);
+    }
   }
   __device__ void copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
 #pragma unroll 1
-    for (int k = 0; k < kMine; ++k) {
-      uint4 raw[kVec];
-      load_item<false>(raw, k, x_img, y, col0);
-      store_item(raw, k, slot);
+    for (int item = tid; item < kItems; item += kThreads) {
+      int grp, chunk;
+      place(item, grp, chunk);
+      const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane;
+      unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
+#pragma unroll 1
+      for (int c = 0; c < kVec; ++c, src += plane) {
+#pragma unroll
+        for (int i0 = 0; i0 < kVec; ++i0) {
+          const int i = kVec * chunk + i0;
+          const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
+          if constexpr (sizeof(Elem) == 4) {
+            put(dst + i * 16 + c * 4, __uint_as_float(e));
+          } else {
+            put(dst + i * 16 + c * 2, e);
+          }
+        }
+      }
     }
   }
-  __device__ static uint4 load_streaming(const void* p) {  // read once: no L1 allocation
+  // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
+  // to shared memory keep busy (docs/perf-notes.md, 13c; the rare element loads keep the non-allocating L1 path).
+  __device__ static uint4 load_streaming(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -434,48 +485,28 @@ struct RowProducer {
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
     return v;
   }
-  __device__ static uint4 pack(const Bits (&e)[kVec]) {
-    if constexpr (sizeof(Elem) == 4) {
-      return make_uint4(e[0], e[1], e[2], e[3]);
-    } else {
-      auto two = [&](int i) { return (uint32_t)e[i] | ((uint32_t)e[i + 1] << 16); };
-      return make_uint4(two(0), two(2), two(4), two(6));
-    }
-  }
-  __device__ static Piece piece_of(const uint4& v, int piece) {
-    if constexpr (sizeof(Elem) == 4) {
-      return v;
-    } else {
-      return piece == 0 ? make_uint2(v.x, v.y) : make_uint2(v.z, v.w);
-    }
-  }
-  // Column j of the piece: word c is channel c's value (fp32), or channels 2c, 2c+1 (16-bit).
-  __device__ static uint4 column(const Piece (&v)[kVec], int j) {
-    if constexpr (sizeof(Elem) == 4) {
-      return make_uint4(pick(v[0], j), pick(v[1], j), pick(v[2], j), pick(v[3], j));
-    } else {
-      const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;
-      const int w = j >> 1;
-      return make_uint4(__byte_perm(pick(v[0], w), pick(v[1], w), sel), __byte_perm(pick(v[2], w), pick(v[3], w), sel),
-                        __byte_perm(pick(v[4], w), pick(v[5], w), sel), __byte_perm(pick(v[6], w), pick(v[7], w), sel));
-    }
-  }
   __device__ static uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-  __device__ static uint32_t pick(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
-  __device__ static void store_column(unsigned char* dst, uint4 v) {
+  // v (16 bytes, or one element) into copy 0 at dst, converted as the precision says: TF32 rounding, or the 3xTF32
+  // split (big into copy 0, small into copy 1); 16-bit as it is.
+  template <class V>
+  __device__ static void put(unsigned char* dst, V v) {
     using Precision = typename Geometry::Precision;
     if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
-      const float4 f = round_to_tf32(make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
-                                                 __uint_as_float(v.w)));
-      *reinterpret_cast<float4*>(dst) = f;
+      *reinterpret_cast<V*>(dst) = round_to_tf32(v);
     } else if constexpr (std::is_same<Precision, Tf32x3>::value) {
-      float4 big, small;
-      split_tf32(make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)),
-                 big, small);
-      *reinterpret_cast<float4*>(dst) = big;
-      *reinterpret_cast<float4*>(dst + Geometry::kCopyBytes) = small;
+      V big, small;
+      split_tf32(v, big, small);
+      *reinterpret_cast<V*>(dst) = big;
+      *reinterpret_cast<V*>(dst + Geometry::kCopyBytes) = small;
     } else {
-      *reinterpret_cast<uint4*>(dst) = v;
+      *reinterpret_cast<V*>(dst) = v;
+    }
+  }
+  __device__ static void store_column(unsigned char* dst, uint4 v) {
+    if constexpr (sizeof(Elem) == 4) {
+      put(dst, make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)));
+    } else {
+      put(dst, v);
     }
   }
 };
@@ -851,12 +882,12 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
 
 // The instantiations: (arch, precision) -> tile columns, consumers, ring slots. Shared memory decides
 // the rest: tf32 has room for a fifth slot, Tf32x3 (two operand copies, two weight copies) for a 128-column tile
-// with four, 16-bit rows (half the bytes) for six.
+// with four, 16-bit rows (half the bytes) for eight.
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 5>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4>;
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 2, 6>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 2, 6>;
+using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 2, 8>;
+using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 2, 8>;
 
 // ================================================================ the kernel
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
@@ -876,7 +907,7 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
     mbarrier_wait(full + 1, ((d / kRing) & 1) ^ 1);  // empty: the slot's previous row is released
     unsigned char* const slot = ring + (d % kRing) * Traits::kSlotBytes;
     if constexpr (kVec16) {
-      producer.store(row, slot);
+      producer.store(row, slot, x_img, y, col0);
     } else {
       producer.copy_by_element(x_img, y, col0, slot);
     }
@@ -915,7 +946,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
-    const int col_blocks = (OW + Traits::kTileCols - 1) / Traits::kTileCols;
+    const int col_blocks = Traits::col_blocks(OW);
     const int role = threadIdx.x / Traits::kWarpgroup;  // 0: producer, 1..: consumers
     if (role == 0) {
       const int c = threadIdx.x / Traits::kProducerThreads;
@@ -1028,7 +1059,7 @@ static cudaError_t launch_fused(const void* x, const void* w, const void* b, voi
                                 int num_sms, cudaStream_t stream) {
   using Elem = typename Traits::Elem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
-  const int64_t steps = N * ((OW + Traits::kTileCols - 1) / Traits::kTileCols) * OH;
+  const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
   const auto kernel = kb25::conv3x3_min_tanh2_kernel<Traits>;
   // Opting in to more than 48 KB of shared memory is per device and sticks: do it once per device and kernel.

@@ -41,24 +41,36 @@ MUTANTS = {
     ),
     # the 16-bit transpose writes the two columns of a pair swapped: every bf16/fp16 pixel pair comes out exchanged
     "transpose_swaps_columns": (
-        "const uint32_t sel = (j & 1) ? 0x7632 : 0x5410;",
-        "const uint32_t sel = (j & 1) ? 0x5410 : 0x7632;",
+        "const uint32_t sel_even = (x & 1) ? 0x7632 : 0x5410,",
+        "const uint32_t sel_even = (x & 1) ? 0x5410 : 0x7632,",
         ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
-    # the producer writes each column to its rotated place but takes the unrotated one's values (every precision)
+    # the fp32 producer writes each column to its rotated place but takes the unrotated one's values
     "column_rotation_mismatch": (
-        "store_column(dst + (4 * piece + j) * 16, column(v, j));",
-        "store_column(dst + (4 * piece + j) * 16, column(v, jj));",
-        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]",
-         "test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
+        "make_uint4(pick(raw[0], j), pick(raw[1], j), pick(raw[2], j), pick(raw[3], j))",
+        "make_uint4(pick(raw[0], jj), pick(raw[1], jj), pick(raw[2], jj), pick(raw[3], jj))",
+        ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # the 16-bit producer writes column jj ^ x's values to column jj: the swizzle applied to the data only
+    "swizzle_mismatch": (
+        "store_column(dst + (jj ^ x) * 16,",
+        "store_column(dst + jj * 16,",
+        ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
     # the element-by-element loads (W not a multiple of the vector width) read one channel for all of a group's
     "element_loads_miss_the_channel_stride": (
         """      for (int c = 0; c < kVec; ++c, src += plane) {
-        Bits e[kVec];""",
+#pragma unroll""",
         """      for (int c = 0; c < kVec; ++c) {
-        Bits e[kVec];""",
+#pragma unroll""",
         ["test_edge_shapes[2x16x67x67-fused-tf32]", "test_edge_shapes[2x16x67x67-fused-bf16]"],
+    ),
+    # the producer never loads the late items (each group's last chunk): in a row wider than the tile, the tile's
+    # last two pixels read stale columns
+    "late_items_never_loaded": (
+        "if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {",
+        "if (false) {",
+        ["test_edge_shapes[3x16x40x600-fused-tf32]", "test_edge_shapes[3x16x40x600-fused-bf16]"],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (

@@ -329,11 +329,11 @@ struct RowCursor {
 // (fp32 per 4-column piece, with the precision's conversion: TF32 rounding, or the 3xTF32 split into copy 0 (big)
 // and copy 1 (small)) and writes one 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
 // lanes, so each lane writes its columns in another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32
-// starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj
-// and its groups sit 4 columns apart modulo 8 (kPitchCols), which the byte permutes of the transpose absorb but for
-// one swap of words. A thread stores only what it loaded: no barrier between the two, and shared memory sees each
-// row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by
-// element.
+// starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj,
+// with its two groups 4 columns apart modulo 8 (kPitchCols), the column's half of a word picked by the byte
+// permute's selector and only the word pairs swapped by selects. A thread stores only what it loaded: no barrier
+// between the two, and shared memory sees each row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x
+// itself) the items are loaded element by element.
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;

@@ -377,6 +377,10 @@ struct RowProducer {
       chunk = item - grp * (kChunks - 1);
     }
   }
+  // Row y of the image from col0, in the first channel of group grp.
+  __device__ const Bits* group_row(const Elem* __restrict__ x_img, int y, int col0, int grp) const {
+    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane;
+  }
   // Item `item`'s kVec channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
   // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
   // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
@@ -385,7 +389,7 @@ struct RowProducer {
     int grp, chunk;
     place(item, grp, chunk);
     const int col = kVec * chunk;
-    const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane + col;
+    const Bits* src = group_row(x_img, y, col0, grp) + col;
     if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
 #pragma unroll
     for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
@@ -449,7 +453,7 @@ struct RowProducer {
     for (int item = tid; item < kItems; item += kThreads) {
       int grp, chunk;
       place(item, grp, chunk);
-      const Bits* src = reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane;
+      const Bits* src = group_row(x_img, y, col0, grp);
       unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
 #pragma unroll 1
       for (int c = 0; c < kVec; ++c, src += plane) {

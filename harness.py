@@ -22,6 +22,66 @@ PRECISIONS = {
     "fp16": Precision(True, torch.float16, LOW_PRECISION_TOL, 1.0),
 }
 
+# GPUs that model_new.emulate_device() imitates on the GPU at hand: compute capability, and the shared memory one
+# block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes; CUDA programming guide).
+DeviceProfile = collections.namedtuple("DeviceProfile", "capability smem_optin")
+DEVICE_PROFILES = {
+    "T4": DeviceProfile((7, 5), 64 * 1024),
+    "A100": DeviceProfile((8, 0), 163 * 1024),
+    "A10G": DeviceProfile((8, 6), 99 * 1024),
+    "L40S": DeviceProfile((8, 9), 99 * 1024),
+    "H100": DeviceProfile((9, 0), 227 * 1024),
+    "B200": DeviceProfile((10, 0), 227 * 1024),
+    "RTX5090": DeviceProfile((12, 0), 99 * 1024),
+}
+
+
+def emulated(profile):
+    """model_new.emulate_device for a DEVICE_PROFILES name."""
+    import model_new
+
+    capability, smem_optin = DEVICE_PROFILES[profile]
+    return model_new.emulate_device(capability=capability, smem_optin=smem_optin)
+
+
+# The CUDA cases the tests, tools/sanitize.py, tools/mutants.py and bench.py share, by key: every CUDA backend in every
+# precision ("<backend>-<precision>": what the backend picks on this GPU), and every fused kernel by name
+# ("kernel-<name>": that instantiation, where this GPU can launch it), from model_new's tables.
+Case = collections.namedtuple("Case", "key backend precision kernel")
+
+
+def cases():
+    import model_new
+
+    backends = [b for b in model_new.OP_BACKENDS if b != "auto"]
+    out = [Case(f"{b}-{p}", b, p, None) for b in backends for p in PRECISIONS]
+    out += [Case(f"kernel-{k.name}", "kernel", k.precision, k.name) for k in model_new.FUSED_TABLE]
+    return {c.key: c for c in out}
+
+
+CASES = cases()
+
+
+def case_model(case, seed=0):
+    """(reference, fn) for a case, both in its precision, on the GPU; fn(x) runs the case's path with grad off. Sets
+    torch.backends.cudnn.allow_tf32 for the precision (the caller restores it)."""
+    import model_new
+
+    precision = PRECISIONS[case.precision]
+    torch.backends.cudnn.allow_tf32 = precision.allow_tf32
+    backend = "auto" if case.backend == "kernel" else case.backend
+    ref, new = (m.to(precision.dtype) for m in make_models(seed, device="cuda", backend=backend))
+    if case.kernel is None:
+        def fn(x):
+            with torch.no_grad():
+                return new(x)
+    else:
+        def fn(x):
+            with torch.no_grad():
+                return model_new.run_fused_kernel(x, new.conv.weight, new.conv.bias, case.kernel)
+    fn.model = new
+    return ref, fn
+
 
 def make_models(seed=0, init_inputs=None, device="cpu", **new_kwargs):
     """Model and ModelNew built after the same seed, as KernelBench builds them."""

@@ -27,6 +27,8 @@ kernel in torch ops, a fake kernel for tracing, and an autograd formula. torch.c
 graphs see that op. In eager mode, with nothing to record for autograd, ModelNew calls the op's CUDA kernel
 directly: the same C++ function, without the dispatcher's Python layers (a few microseconds per call).
 """
+import collections
+import contextlib
 import inspect
 
 import torch
@@ -42,8 +44,29 @@ BACKENDS = OP_BACKENDS + ("torch",)
 BACKEND_ALIASES = {"card": "cudnn_epilogue"}
 # Element types of the epilogue kernel; code = position. Also the dtypes ModelNew accepts.
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-# The fused kernel's instantiations, (arch, precision); code = position. Which one runs: fused_kernel_for() (C++).
-FUSED_KERNELS = ("sm80_tf32", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16")
+# The model's precisions: float32 with TF32 convs (PyTorch's default), float32 without them (strict), bf16, fp16;
+# code = position. Each has a multiply-add tag in the CUDA source.
+PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
+PRECISION_TAGS = {"tf32": "Tf32RoundNearest", "strict_fp32": "Tf32x3", "bf16": "Bf16", "fp16": "Fp16"}
+# The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
+# `using` line of FusedTraits, an entry of the launcher table and of the requirements the chooser checks
+# (choose_fused_kernel() in the CUDA source: the first row of the call's precision that the GPU can launch).
+# mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); tile_cols: output pixels per
+# step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots.
+FusedKernel = collections.namedtuple("FusedKernel", "name mma precision tile_cols consumers producer_warps ring")
+FUSED_TABLE = (
+    FusedKernel("sm90_tf32", "wgmma", "tf32", 256, 2, 4, 5),
+    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", 128, 2, 4, 4),
+    FusedKernel("sm90_bf16", "wgmma", "bf16", 256, 2, 4, 8),
+    FusedKernel("sm90_fp16", "wgmma", "fp16", 256, 2, 4, 8),
+    # mma.sync: 3 slots (the oldest row is released early), 87.9 KB for TF32 and 44.5 KB for 16-bit: every sm_80+ GPU.
+    FusedKernel("sm80_tf32", "mma_sync", "tf32", 256, 1, 4, 3),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", 128, 1, 4, 4),  # 108.9 KB: sm_80, sm_90, sm_100
+    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", 128, 1, 4, 3),  # 100.1 KB: also sm_86, 89, 120
+    FusedKernel("sm80_bf16", "mma_sync", "bf16", 256, 1, 4, 3),
+    FusedKernel("sm80_fp16", "mma_sync", "fp16", 256, 1, 4, 3),
+)
+FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
 OP_NAMESPACE = "kb25"
 OP_NAME = "conv_min_tanh2"
@@ -62,7 +85,9 @@ def _shared_declarations():
     names = ", ".join(f'"{n}"' for n in OP_BACKENDS)
     elems = "\n".join(f"inline constexpr int kElem{_camel(str(d).split('.')[1])} = {i};" for i, d in enumerate(SUPPORTED_DTYPES))
     supported = ", ".join(str(d) for d in SUPPORTED_DTYPES)
-    kernels = "\n".join(f"inline constexpr int kFused{_camel(n)} = {i};" for i, n in enumerate(FUSED_KERNELS))
+    precisions = "\n".join(f"inline constexpr int kPrecision{_camel(n)} = {i};" for i, n in enumerate(PRECISIONS))
+    kernel_names = ", ".join(f'"{k.name}"' for k in FUSED_TABLE)
+    kernel_precisions = ", ".join(str(PRECISIONS.index(k.precision)) for k in FUSED_TABLE)
     return f"""#include <cstdint>
 #include <cuda_runtime.h>
 #define KB25_FUSED_CIN {FUSED_IN_CHANNELS}
@@ -76,8 +101,24 @@ namespace kb25 {{
 inline constexpr int kBackendCount = {len(OP_BACKENDS)};
 inline constexpr const char* kBackendNames[] = {{{names}}};
 {elems}
-{kernels}
+{precisions}
+inline constexpr int kFusedKernelCount = {len(FUSED_TABLE)};
+inline constexpr const char* kFusedKernelNames[] = {{{kernel_names}}};
+inline constexpr int kFusedKernelPrecision[] = {{{kernel_precisions}}};
+// What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
+struct DeviceProfile {{
+  int sm;
+  int smem_optin;
+  bool wgmma_built;
+}};
 }}  // namespace kb25
+// The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
+// can launch (only mma.sync kernels if mma_sync_only), or -1.
+extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
+extern "C" int fused_kernel_smem_bytes(int kernel);
+// The caller has checked that its device launches `kernel` (fused_kernel_fits).
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
                                                       void* out, int64_t N, int H, int W, int num_sms,
                                                       cudaStream_t stream);
@@ -100,38 +141,24 @@ CUDA_SOURCE = r"""
 @SHARED_DECLARATIONS@
 namespace kb25 {
 
-// wgmma exists only in code compiled for sm_90a; elsewhere the wgmma kernels are empty and never launched.
+// wgmma exists only in code compiled for sm_90a; elsewhere the wgmma kernels are empty and never launched. The
+// fused kernels need sm_80 (mbarrier, cvt.rna.tf32, TF32 and bf16 mma.sync, min.NaN): compiled for an older GPU
+// (sm_75) they are empty too, and the chooser never picks them there.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KB25_HAS_WGMMA 1
 #else
 #define KB25_HAS_WGMMA 0
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define KB25_HAS_FUSED 0
+#else
+#define KB25_HAS_FUSED 1
+#endif
 inline constexpr bool kHasWgmma = KB25_HAS_WGMMA;
-inline constexpr int kSmemPerSm = 228 * 1024;  // sm_90; the runtime keeps 1 KB of it per CTA
-
-// ================================================================ precisions (multiply-add tags)
-// How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
-// tag on the same kernel). kCopies: operand copies the producer writes per input row.
-struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;
-  static constexpr int kMmaK = 8;
-  static constexpr int kCopies = 1;
-};
-struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
-  using Elem = float;
-  static constexpr int kMmaK = 8;
-  static constexpr int kCopies = 2;
-};
-struct Bf16 {  // operands as they come, fp32 accumulation
-  using Elem = __nv_bfloat16;
-  static constexpr int kMmaK = 16;
-  static constexpr int kCopies = 1;
-};
-struct Fp16 {
-  using Elem = __half;
-  static constexpr int kMmaK = 16;
-  static constexpr int kCopies = 1;
-};
+inline constexpr bool kHasFused = KB25_HAS_FUSED;
+// The largest shared memory a block may opt in to on any GPU (sm_90, sm_100: 227 KB); whether a kernel fits the GPU
+// at hand is the chooser's question (choose_fused_kernel), asked at run time.
+inline constexpr int kMaxSmemPerBlock = 227 * 1024;
 
 // ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -176,9 +203,6 @@ __device__ __forceinline__ float round_to_tf32(float v) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
   return __uint_as_float(r);
 }
-__device__ __forceinline__ float4 round_to_tf32(float4 v) {
-  return make_float4(round_to_tf32(v.x), round_to_tf32(v.y), round_to_tf32(v.z), round_to_tf32(v.w));
-}
 
 // v = big + small for 3xTF32. big: v truncated to TF32 (never overflows; NaN stays NaN), so v - big is exact and has
 // v's sign; small: that remainder rounded to nearest, which keeps the sign. Where v is not finite small is 0, so an
@@ -187,27 +211,80 @@ __device__ __forceinline__ void split_tf32(float v, float& big, float& small) {
   big = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : v;
   small = isfinite(v) ? round_to_tf32(v - big) : 0.f;
 }
-__device__ __forceinline__ void split_tf32(float4 v, float4& big, float4& small) {
-  split_tf32(v.x, big.x, small.x);
-  split_tf32(v.y, big.y, small.y);
-  split_tf32(v.z, big.z, small.z);
-  split_tf32(v.w, big.w, small.w);
+// The same for a weight. A weight that TF32 holds exactly has no small part; a zero there would turn an infinite
+// input into 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
+// sign, and adds nothing measurable to finite ones.
+__device__ __forceinline__ void split_tf32_weight(float v, float& big, float& small) {
+  split_tf32(v, big, small);
+  if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
 }
 
-// torch.min semantics: NaN wins (fminf would drop it).
+// torch.min semantics: NaN wins (fminf would drop it). min.NaN needs sm_80; the select does the same before it.
 __device__ __forceinline__ float nan_min(float a, float b) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   float r;
   asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
   return r;
+#else
+  return (a < b || a != a) ? a : b;
+#endif
 }
 
 __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
 
-// D += A * B for one m16n8k8 TF32 tile, fp32 accumulate.
-__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], float b0, float b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+// ================================================================ precisions (multiply-add tags)
+// How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
+// tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for an input or
+// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split / split_weight) and keep
+// the two small products in an accumulator of their own. Where the split happens is the mainloop's choice: on the
+// way into shared memory when the MMA reads its operands there (wgmma: two operand copies per slot), or in
+// registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
+  using Elem = float;
+  static constexpr int kMmaK = 8;
+  static constexpr bool kSplit = false;
+  __device__ static float to_tensor_core(float v) { return round_to_tf32(v); }
+};
+struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
+  using Elem = float;
+  static constexpr int kMmaK = 8;
+  static constexpr bool kSplit = true;
+  __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
+  __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
+  __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
+};
+struct Bf16 {  // operands as they come, fp32 accumulation
+  using Elem = __nv_bfloat16;
+  static constexpr int kMmaK = 16;
+  static constexpr bool kSplit = false;
+  __device__ static Elem to_tensor_core(Elem v) { return v; }
+};
+struct Fp16 {
+  using Elem = __half;
+  static constexpr int kMmaK = 16;
+  static constexpr bool kSplit = false;
+  __device__ static Elem to_tensor_core(Elem v) { return v; }
+};
+
+// ================================================================ MMA atoms
+// Selects an MMA wrapper (wgmma and mma.sync) by operand type.
+template <class Elem>
+struct Operand {};
+
+// mma.sync m16n8kK, row.col, fp32 accumulate: K = 8 for TF32, 16 for bf16/fp16. Every operand register holds 4 bytes
+// (one TF32 value or two 16-bit ones), so the fragments have the same shape for every type: A four registers (rows
+// g and g + 8, the k-halves in turn), B two, C/D four (rows g, g + 8; columns 2t, 2t + 1).
+@MMA_SYNC_WRAPPERS@
+
+// Four 8x8 matrices of 16-bit elements (= 8 rows x 16 bytes each) from shared memory; lane 8i + r gives row r of
+// matrix i, and register i of lane 4r + c gets bytes 4c..4c+3 of that row. For the A fragment: matrix 0 = rows 0-7,
+// k-half 0; 1 = rows 8-15, k-half 0; 2 = rows 0-7, k-half 1; 3 = rows 8-15, k-half 1, for TF32 and 16-bit alike.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
 }
 
 // Warpgroup MMA runs asynchronously: registers it accumulates into must stay untouched until wgmma.wait_group;
@@ -227,10 +304,6 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offs
          ((uint64_t)((mn_offset_bytes >> 4) & 0x3FFF) << 32);
 }
 
-// Selects the wgmma wrapper by operand type.
-template <class Elem>
-struct Operand {};
-
 @WGMMA_WRAPPERS@
 
 // ================================================================ geometry
@@ -240,7 +313,7 @@ struct Operand {};
 // [copy][channel group][column][kGroupChannels channels]: 16 bytes per (group, column), so 8 consecutive columns of
 // one group are one 8 x 16-byte core matrix wherever they start. Every tap's operand is then a plain wgmma
 // descriptor into the slot, and mma.sync's fragment loads hit 32 distinct banks.
-template <class Precision_, int kTileCols_>
+template <class Precision_, int kTileCols_, bool kSplitInSlot_>
 struct ConvGeometry {
   using Precision = Precision_;
   using Elem = typename Precision::Elem;
@@ -250,6 +323,9 @@ struct ConvGeometry {
   static constexpr int kTaps = kKsize * kKsize;
   static constexpr int kWarpgroup = 128;  // threads of one consumer (and of the producer warpgroup)
   static constexpr int kTileCols = kTileCols_;
+  // 3xTF32 with the split on the way into shared memory: two operand copies (big, small) per slot.
+  static constexpr bool kSplitInSlot = Precision::kSplit && kSplitInSlot_;
+  static constexpr int kCopies = kSplitInSlot ? 2 : 1;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;
   static constexpr int kKStepsPerTap = kCin / kMmaK;
@@ -261,7 +337,7 @@ struct ConvGeometry {
   static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : 8);
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
-  static constexpr int kSlotBytes = Precision::kCopies * kCopyBytes;
+  static constexpr int kSlotBytes = kCopies * kCopyBytes;
   static_assert(kCin % kMmaK == 0 && kMmaK == 2 * kGroupChannels, "a k-step is two core matrices along K");
   static_assert(kPitchCols >= kInCols, "a slot holds a whole input row segment");
   __host__ __device__ static int col_blocks(int OW) { return (OW + kTileCols - 1) / kTileCols; }
@@ -320,6 +396,37 @@ struct RowCursor {
   }
 };
 
+// ================================================================ the row ring (pipeline)
+// A consumer's input rows pass through kSlots shared-memory slots, each with a full and an empty mbarrier. Row d (the
+// d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
+// take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
+// slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
+// for it, reads it and releases it.
+template <int kSlots, int kSlotBytes>
+struct RowRing {
+  unsigned char* const slots;
+  uint64_t* const bars;  // (full, empty) per slot
+  __device__ static uint32_t index(uint32_t d) { return d % kSlots; }
+  __device__ static uint32_t phase(uint32_t d) { return (d / kSlots) & 1; }
+  __device__ static void init(uint64_t* bars, int producers, int consumers) {
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(bars + 2 * i, producers);
+      mbarrier_init(bars + 2 * i + 1, consumers);
+    }
+  }
+  __device__ unsigned char* slot(uint32_t d) const { return slots + index(d) * kSlotBytes; }
+  __device__ uint64_t* full(uint32_t d) const { return bars + 2 * index(d); }
+  __device__ uint64_t* empty(uint32_t d) const { return full(d) + 1; }
+  // On a fresh barrier the phase before phase 0 counts as completed: the first pass over the ring does not wait.
+  __device__ void acquire(uint32_t d) const { mbarrier_wait(empty(d), phase(d) ^ 1); }
+  __device__ void commit(uint32_t d) const {
+    fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
+    mbarrier_arrive(full(d));
+  }
+  __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }
+  __device__ void release(uint32_t d) const { mbarrier_arrive(empty(d)); }
+};
+
 // ================================================================ producer (global -> registers -> slot)
 // One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems
 // items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive
@@ -346,11 +453,11 @@ struct RowProducer {
   // the row goes on past the tile) are the late items: items kBody.., one each for threads 0 .., loaded after the
   // wait for the slot. The body, every other item, is kMine per thread, in flight in registers across that wait.
   static constexpr int kBody = Geometry::kGroups * (kChunks - 1);
-  static constexpr int kMine = kBody / kThreads;
+  static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
   static constexpr int kRegisters = kMine * kVec * 4;  // one row in flight
-  static_assert(kBody % kThreads == 0 && kLate <= kThreads, "the body is whole items per thread");
+  static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
   static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
@@ -436,12 +543,17 @@ struct RowProducer {
   // turn, zero past the row's end; slow, and next to no registers.
   __device__ void load(Row& row, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int k = 0; k < kMine; ++k) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
+    for (int k = 0; k < kMine; ++k)
+      if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
   }
+  // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
+  // leaves some threads without one).
+  __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
   // The body, then this thread's late item if the row reaches it.
   __device__ void store(const Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int k = 0; k < kMine; ++k) store_item(row.raw[k], tid + k * kThreads, slot);
+    for (int k = 0; k < kMine; ++k)
+      if (mine(k)) store_item(row.raw[k], tid + k * kThreads, slot);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
       uint4 raw[kVec];
       load_item(raw, kBody + tid, x_img, y, col0);
@@ -462,9 +574,10 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (sizeof(Elem) == 4) {
-            put(dst + i * 16 + c * 4, __uint_as_float(e));
+            const uint32_t w[1] = {e};
+            put(dst + i * 16 + c * 4, w);
           } else {
-            put(dst + i * 16 + c * 2, e);
+            *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
           }
         }
       }
@@ -490,27 +603,41 @@ struct RowProducer {
     return v;
   }
   __device__ static uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-  // v (16 bytes, or one element) into copy 0 at dst, converted as the precision says: TF32 rounding, or the 3xTF32
-  // split (big into copy 0, small into copy 1); 16-bit as it is.
-  template <class V>
-  __device__ static void put(unsigned char* dst, V v) {
+  // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding; raw
+  // where 3xTF32 splits in registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and
+  // small into copy 1. 16-bit elements go as they are.
+  template <int kN>
+  __device__ static void put(unsigned char* dst, const uint32_t (&v)[kN]) {
     using Precision = typename Geometry::Precision;
-    if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
-      *reinterpret_cast<V*>(dst) = round_to_tf32(v);
-    } else if constexpr (std::is_same<Precision, Tf32x3>::value) {
-      V big, small;
-      split_tf32(v, big, small);
-      *reinterpret_cast<V*>(dst) = big;
-      *reinterpret_cast<V*>(dst + Geometry::kCopyBytes) = small;
+    uint32_t out[kN], small[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      if constexpr (Geometry::kSplitInSlot) {
+        float b, sm;
+        Precision::split(__uint_as_float(v[i]), b, sm);
+        out[i] = __float_as_uint(b);
+        small[i] = __float_as_uint(sm);
+      } else {
+        out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
+      }
+    }
+    store_words(dst, out);
+    if constexpr (Geometry::kSplitInSlot) store_words(dst + Geometry::kCopyBytes, small);
+  }
+  template <int kN>
+  __device__ static void store_words(unsigned char* dst, const uint32_t (&v)[kN]) {
+    if constexpr (kN == 4) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
     } else {
-      *reinterpret_cast<V*>(dst) = v;
+      *reinterpret_cast<uint32_t*>(dst) = v[0];
     }
   }
   __device__ static void store_column(unsigned char* dst, uint4 v) {
     if constexpr (sizeof(Elem) == 4) {
-      put(dst, make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w)));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      put(dst, w);
     } else {
-      put(dst, v);
+      *reinterpret_cast<uint4*>(dst) = v;
     }
   }
 };
@@ -532,14 +659,15 @@ struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
-  static constexpr bool kSplit = Precision::kCopies == 2;
+  static constexpr bool kSplit = Precision::kSplit;
+  static_assert(kSplit == Geometry::kSplitInSlot, "wgmma reads both 3xTF32 parts from shared memory");
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
   using Accum = float[kNBlocks][4];
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
   static constexpr int kWeightBytes = Geometry::kKSteps * kAStepBytes;  // one copy
-  static constexpr int kSmemBytes = Precision::kCopies * kWeightBytes;
+  static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
@@ -567,25 +695,22 @@ struct WgmmaMainloop {
       const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
       const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
                      kk % kGC;
-      if constexpr (std::is_same<Precision, Tf32RoundNearest>::value) {
-        a[at] = round_to_tf32(v);
-      } else if constexpr (kSplit) {
+      if constexpr (kSplit) {
         float big, small;
-        split_tf32(v, big, small);
-        // A weight that TF32 holds exactly has no small part; a zero there would turn an infinite input into
-        // 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
-        // sign, and adds nothing measurable to finite ones.
-        if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
+        Precision::split_weight(v, big, small);
         a[at] = big;
         a[at + kWeightBytes / 4] = small;
       } else {
-        a[at] = v;
+        a[at] = Precision::to_tensor_core(v);
       }
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
 
-  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int) {
+  // Its MMAs read the window until finish(): the oldest row is released there.
+  static constexpr bool kReleasesOldestEarly = false;
+  template <class Release>
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&) {
 #pragma unroll
     for (int j = 0; j < kNBlocks; ++j) {
       acc[j][0] = acc[j][1] = bias_lo;
@@ -616,9 +741,11 @@ struct WgmmaMainloop {
     }
     wgmma_commit();
   }
-  // The step's products have landed in acc.
-  __device__ void finish(Accum& acc) {
+  // The step's products have landed in acc; the window's oldest row is free.
+  template <class Release>
+  __device__ void finish(Accum& acc, const Release& release_oldest) {
     wgmma_wait<0>();
+    release_oldest();
     pin(acc);
     if constexpr (kSplit) {
       pin(acc_small);
@@ -636,47 +763,76 @@ struct WgmmaMainloop {
   }
 };
 
-// mma.sync m16n8k8 (any sm_80+ GPU), TF32 only. Each warp: 64 pixels (4 m16 tiles) x all kCout channels (kCout/8
-// n8 tiles), so the min over channels stays in registers. A (pixels x channels) from the slot, B (weights) from
-// shared memory, staged once per CTA in the order the MMA reads them.
-template <class Geometry>
+// mma.sync (any sm_80+ GPU), every precision: m16n8k8 TF32 (3xTF32 too), m16n8k16 bf16 / fp16. A consumer's 4 warps
+// each take kWarpCols pixels (kMTiles m16 tiles) x all kCout channels (kCout / 8 n8 tiles), so the min over channels
+// stays in registers. A (pixels x k) comes from the slot by ldmatrix: one x4 per m16 tile and k-step, its 8-row
+// matrices being 8 consecutive 16-byte columns of one channel group (128 contiguous bytes: no bank conflict). B (the
+// weights) is staged once per CTA in the order the MMA reads it. 3xTF32: the weights are staged split (a big and a
+// small copy); the slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers; the
+// two small products go to an accumulator of their own. MMAs read their operands from registers, so the window's
+// oldest row is free as soon as the first kernel row's k-steps have loaded it.
+template <class Geometry_>
 struct MmaSyncMainloop {
-  static_assert(std::is_same<typename Geometry::Precision, Tf32RoundNearest>::value, "mma.sync runs TF32 only");
+  using Geometry = Geometry_;
+  using Precision = typename Geometry::Precision;
+  using Elem = typename Geometry::Elem;
+  static constexpr bool kSplit = Precision::kSplit;
+  static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
+  static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
   static constexpr int kNTiles = Geometry::kCout / 8;
+  static constexpr int kPerWord = 4 / (int)sizeof(Elem);  // elements per operand register
   using Accum = float[kMTiles][kNTiles][4];
-  static constexpr int kWeightFloats = Geometry::kKSteps * 32 * kNTiles * 2;
-  static constexpr int kSmemBytes = (kWeightFloats + Geometry::kCout) * 4;
-  static constexpr int kRegisters = kMTiles * kNTiles * 4 + kNTiles * 2;
+  static constexpr int kWeightWords = Geometry::kKSteps * (kNTiles / 2) * 32 * 4;  // one copy
+  static constexpr int kWeightCopies = kSplit ? 2 : 1;
+  // The weights (big, then small for 3xTF32), then the bias in fp32.
+  static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + Geometry::kCout * 4;
+  // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32: every A,
+  // big and small).
+  static constexpr int kRegisters =
+      kWeightCopies * (kMTiles * kNTiles * 4 + kNTiles * 2) + (kSplit ? 8 * kMTiles : 4);
+  static_assert(kWarpCols % 16 == 0 && kMTiles >= 1, "whole m16 tiles per warp");
   static_assert(Geometry::kCout % 16 == 0, "weight fragments are read as pairs of n8 tiles");
-  static_assert(kMTiles == 4, "the epilogue gives one m16 tile to each lane of a quad");
 
-  const float* wsm;
+  const uint32_t* wsm;
   const float* bsm;
   const int ctid;
 
-  __device__ MmaSyncMainloop(const unsigned char* smem, const float* __restrict__, int ctid_)
-      : wsm(reinterpret_cast<const float*>(smem)), bsm(reinterpret_cast<const float*>(smem) + kWeightFloats),
-        ctid(ctid_) {}
-  // float ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), the B-fragment
-  // element b[e&1] of n-tile 2q + e/2, i.e. B[k = t + 4*(e&1)][n = g]: one conflict-free 16-byte load per pair.
-  __device__ static void stage_shared(unsigned char* smem, const float* __restrict__ w, const float* __restrict__ b) {
-    float* wdst = reinterpret_cast<float*>(smem);
-    for (int i = threadIdx.x; i < kWeightFloats; i += blockDim.x) {
-      const int e = i & 3, lane = (i >> 2) & 31;
-      const int q = (i >> 7) % (kNTiles / 2);
-      const int ks = (i >> 7) / (kNTiles / 2);
+  __device__ MmaSyncMainloop(const unsigned char* smem, const Elem* __restrict__, int ctid_)
+      : wsm(reinterpret_cast<const uint32_t*>(smem)),
+        bsm(reinterpret_cast<const float*>(smem) + kWeightCopies * kWeightWords), ctid(ctid_) {}
+  // Word ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), register e & 1 of the
+  // B fragment of n-tile 2q + e/2: column n = g, rows k = kPerWord * t + kMmaK/2 * (e & 1) + h for its element h.
+  // One conflict-free 16-byte load per lane and pair of n-tiles.
+  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+    Elem* const wdst = reinterpret_cast<Elem*>(smem);
+    for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
+      const int h = i % kPerWord, word = i / kPerWord;
+      const int e = word & 3, lane = (word >> 2) & 31;
+      const int q = (word >> 7) % (kNTiles / 2);
+      const int ks = (word >> 7) / (kNTiles / 2);
       const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-      const int ci = (ks % Geometry::kKStepsPerTap) * 8 + (lane & 3) + 4 * (e & 1);
-      wdst[i] = round_to_tf32(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
+      const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
+                     Geometry::kMmaK / 2 * (e & 1) + h;
+      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+      if constexpr (kSplit) {
+        float big, small;
+        Precision::split_weight(v, big, small);
+        wdst[i] = big;
+        wdst[i + kWeightWords] = small;
+      } else {
+        wdst[i] = Precision::to_tensor_core(v);
+      }
     }
-    for (int i = threadIdx.x; i < Geometry::kCout; i += blockDim.x) wdst[kWeightFloats + i] = b[i];
+    float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
+    for (int i = threadIdx.x; i < Geometry::kCout; i += blockDim.x) bdst[i] = static_cast<float>(b[i]);
   }
 
-  // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile. A fragment
-  // (m16n8k8): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]; channel t + 4 is the next group.
-  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW) {
+  // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
+  // pixels, columns channels). release_oldest() runs once the first kernel row's k-steps have loaded their A.
+  template <class Release>
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW, const Release& release_oldest) {
     const int lane = ctid & 31, warp_col = (ctid >> 5) * kWarpCols;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
@@ -687,32 +843,92 @@ struct MmaSyncMainloop {
         acc[mt][nt][1] = acc[mt][nt][3] = bb.y;
       }
     }
-    if (col0 + warp_col >= OW) return;  // this warp's pixels are all past the edge
-    const int lane_offset = (warp_col + (lane >> 2)) * 4 + (lane & 3);
+    if (col0 + warp_col >= OW) {  // this warp's pixels are all past the edge
+      release_oldest();
+      return;
+    }
+    float small[kSplit ? kMTiles : 1][kSplit ? kNTiles : 1][4];
+    if constexpr (kSplit) {
 #pragma unroll
-    for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
-      const float4* wq = reinterpret_cast<const float4*>(wsm) + ks * (kNTiles / 2) * 32 + lane;
-      float4 bq[kNTiles / 2];
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int q = 0; q < kNTiles / 2; ++q) bq[q] = wq[q * 32];
-      const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
-      const float* a_ptr = reinterpret_cast<const float*>(rows[tap / 3] + 2 * kb * Geometry::kGroupBytes) +
-                           lane_offset + (tap % 3) * 4;
-      constexpr int kNextGroup = Geometry::kGroupBytes / 4;
+        for (int nt = 0; nt < kNTiles; ++nt) small[mt][nt][0] = small[mt][nt][1] = small[mt][nt][2] = small[mt][nt][3] = 0.f;
+    }
+    // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
+    const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
+    // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
+    // hoists loads until it spills); the others unroll every k-step.
+#pragma unroll(kSplit ? 1 : Geometry::kTaps)
+    for (int tap = 0; tap < Geometry::kTaps; ++tap) {
+      const int kh = tap / 3, kw = tap % 3;
+      const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        const uint32_t a[4] = {__float_as_uint(a_ptr[mt * 64]), __float_as_uint(a_ptr[mt * 64 + 32]),
-                               __float_as_uint(a_ptr[mt * 64 + kNextGroup]),
-                               __float_as_uint(a_ptr[mt * 64 + 32 + kNextGroup])};
+      for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb) {
+        const int ks = tap * Geometry::kKStepsPerTap + kb;
+        const uint32_t a_addr = row + 2 * kb * Geometry::kGroupBytes;
+        uint32_t bw[kNTiles][2], bs[kSplit ? kNTiles : 1][2];
+        load_b(bw, ks, lane, 0);
+        if constexpr (kSplit) {
+          load_b(bs, ks, lane, kWeightWords);
+          uint32_t a[kMTiles][4], as[kMTiles][4];
 #pragma unroll
-        for (int q = 0; q < kNTiles / 2; ++q) {
-          mma_m16n8k8_tf32(acc[mt][2 * q], a, bq[q].x, bq[q].y);
-          mma_m16n8k8_tf32(acc[mt][2 * q + 1], a, bq[q].z, bq[q].w);
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) split_word(a[mt][r], a[mt][r], as[mt][r]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              mma_sync(small[mt][nt], a[mt], bs[nt][0], bs[nt][1], Operand<float>{});
+              mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});
+              mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], Operand<float>{});
+            }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            uint32_t a[4];
+            ldmatrix_x4(a, a_addr + mt * 16 * 16);
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<Elem>{});
+          }
         }
       }
+      // The MMAs of the last k-step that reads row 0 are issued, so their ldmatrix results have arrived.
+      if (tap == 2) release_oldest();
+    }
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
     }
   }
-  __device__ void finish(Accum&) {}
+  template <class Release>
+  __device__ void finish(Accum&, const Release&) {}
+  // The B fragments of k-step ks (from the weight copy at word offset `copy`), two registers per n-tile.
+  template <int kN>
+  __device__ void load_b(uint32_t (&b)[kN][2], int ks, int lane, int copy) const {
+    const uint4* wq = reinterpret_cast<const uint4*>(wsm + copy) + ks * (kNTiles / 2) * 32 + lane;
+#pragma unroll
+    for (int q = 0; q < kNTiles / 2; ++q) {
+      const uint4 v = wq[q * 32];
+      b[2 * q][0] = v.x;
+      b[2 * q][1] = v.y;
+      b[2 * q + 1][0] = v.z;
+      b[2 * q + 1][1] = v.w;
+    }
+  }
+  // 3xTF32: a raw fp32 input register into its big and small TF32 parts.
+  __device__ static void split_word(uint32_t v, uint32_t& big, uint32_t& small) {
+    float b, sm;
+    Precision::split(__uint_as_float(v), b, sm);
+    big = __float_as_uint(b);
+    small = __float_as_uint(sm);
+  }
 };
 
 // ================================================================ epilogues
@@ -801,22 +1017,27 @@ struct WgmmaEpilogue {
 };
 
 // mma.sync: min over the lane's 2*kNTiles channels of pixels g and g+8, then over the quad (xor 1, 2): every lane
-// of the quad ends with the minima over all kCout channels. Lane t then stores m-tile t: coalesced stores.
-template <class Geometry>
+// of the quad ends with the minima over all kCout channels of each m-tile. Lane t then stores m-tiles t, t + 4, ...:
+// 8 consecutive pixels per quad position, coalesced across the warp.
+template <class Mainloop>
 struct MmaSyncEpilogue {
-  using Mainloop = MmaSyncMainloop<Geometry>;
+  using Geometry = typename Mainloop::Geometry;
+  static constexpr int kMTiles = Mainloop::kMTiles;
+  static constexpr int kMine = (kMTiles + 3) / 4;  // m-tiles a lane stores
   static constexpr int kSmemBytes = 0;
   const int ctid;
   __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_) : ctid(ctid_) {}
 
   struct Partial {
-    float lo, hi;  // the minima of pixels 16t + g and 16t + g + 8 of the warp's columns
+    float lo[kMine], hi[kMine];  // the minima of pixels 16 mt + g and 16 mt + g + 8, mt = t + 4i
   };
   __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     const int t = ctid & 3;
-    float lo_t = 0.f, hi_t = 0.f;
+    Partial part;
 #pragma unroll
-    for (int mt = 0; mt < Mainloop::kMTiles; ++mt) {
+    for (int i = 0; i < kMine; ++i) part.lo[i] = part.hi[i] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
       float lo = nan_min(acc[mt][0][0], acc[mt][0][1]);
       float hi = nan_min(acc[mt][0][2], acc[mt][0][3]);
 #pragma unroll
@@ -828,45 +1049,53 @@ struct MmaSyncEpilogue {
       hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
       lo = nan_min(lo, __shfl_xor_sync(0xffffffffu, lo, 2));
       hi = nan_min(hi, __shfl_xor_sync(0xffffffffu, hi, 2));
-      if (mt == t) {
-        lo_t = lo;
-        hi_t = hi;
+      if (mt % 4 == t) {
+        part.lo[mt / 4] = lo;
+        part.hi[mt / 4] = hi;
       }
     }
-    return {lo_t, hi_t};
+    return part;
   }
-  __device__ void write(const Partial& part, float* out_row, int col0, int OW) {
+  __device__ void write(const Partial& part, typename Geometry::Elem* out_row, int col0, int OW) {
+    using Elem = typename Geometry::Elem;
     const int lane = ctid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int col = col0 + (ctid >> 5) * Mainloop::kWarpCols + t * 16 + g;
-    if (col < OW) out_row[col] = tanh2(part.lo);
-    if (col + 8 < OW) out_row[col + 8] = tanh2(part.hi);
+#pragma unroll
+    for (int i = 0; i < kMine; ++i) {
+      const int mt = t + 4 * i;
+      const int col = col0 + (ctid >> 5) * Mainloop::kWarpCols + mt * 16 + g;
+      if (mt < kMTiles && col < OW) out_row[col] = static_cast<Elem>(tanh2(part.lo[i]));
+      if (mt < kMTiles && col + 8 < OW) out_row[col + 8] = static_cast<Elem>(tanh2(part.hi[i]));
+    }
   }
 };
 
 // ================================================================ traits: one per (arch, precision)
 enum class MmaKind { kMmaSync, kWgmma };
 
-// A CTA (one per SM) is a producer warpgroup and kConsumers consumer warpgroups. Each consumer has its own range of
-// steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's warps are
-// split evenly between the consumers.
-template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kRing_>
-struct FusedTraits : ConvGeometry<Precision, kTileCols> {
-  using Geometry = ConvGeometry<Precision, kTileCols>;
+// A CTA (one per SM) is kProducerWarps producer warps and kConsumers consumer warpgroups. Each consumer has its own
+// range of steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's
+// warps are split evenly between the consumers.
+template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_>
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
+  using Geometry = ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>;
   static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
-  using Mainloop =
-      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
-  using Epilogue =
-      std::conditional_t<kUsesWgmma, WgmmaEpilogue<WgmmaMainloop<Geometry>>, MmaSyncEpilogue<Geometry>>;
+  using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
+  using Epilogue = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Mainloop>, MmaSyncEpilogue<Mainloop>>;
+  using Ring = RowRing<kRing_, Geometry::kSlotBytes>;
   static constexpr int kConsumers = kConsumers_;
-  static constexpr int kThreads = (1 + kConsumers) * Geometry::kWarpgroup;
-  static constexpr int kProducerThreads = Geometry::kWarpgroup / kConsumers;  // per consumer
-  static_assert(kConsumers == 1 || kConsumers == 2, "the producer's warps split evenly between the consumers");
+  static constexpr int kProducers = kProducerWarps * 32;  // threads; the consumers' warpgroups follow them
+  static constexpr int kThreads = kProducers + kConsumers * Geometry::kWarpgroup;
+  static constexpr int kProducerThreads = kProducers / kConsumers;  // per consumer
+  static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
+  static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
   using Producer = RowProducer<Geometry, kProducerThreads>;
   // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
-  // earlier, once the consumer has released that slot's previous row.
+  // earlier, once the consumer has released that slot's previous row. A mainloop that releases the window's oldest
+  // row as soon as its MMAs have read it (Mainloop::kReleasesOldestEarly) lets the producer store into that slot
+  // while the step's other MMAs run: 3 slots are enough.
   static constexpr int kRing = kRing_;
-  static_assert(kRing >= Geometry::kKsize + 1, "the window and the row being stored");
+  static_assert(kRing >= Geometry::kKsize + (Mainloop::kReleasesOldestEarly ? 0 : 1), "the window and the row being stored");
   // Shared memory: per consumer its ring and reduction buffers; then what the consumers share; then the mbarriers
   // (full, empty) per slot.
   static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
@@ -875,48 +1104,39 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols> {
   static constexpr int kBarrierOffset = kSharedOffset + Mainloop::kSmemBytes;
   static constexpr int kSmemBytes = kBarrierOffset + kConsumers * kRing * 2 * 8;
   static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
-  static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory: one CTA per sm_90 SM");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory: more than any GPU gives a block");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
   // accumulators; the weights stay in shared memory), or a producer thread (one row's items in flight), plus about
   // 24 for addresses and loop state must fit. ptxas reports the real count and a CPU test requires no spills.
   static constexpr int kRegisterBudget = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
-  static_assert(Mainloop::kRegisters + 24 <= kRegisterBudget, "register budget of a consumer");
+  static_assert(Mainloop::kRegisters + 16 <= kRegisterBudget, "register budget of a consumer");
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
-// The instantiations: (arch, precision) -> tile columns, consumers, ring slots. Shared memory decides
-// the rest: tf32 has room for a fifth slot, Tf32x3 (two operand copies, two weight copies) for a 128-column tile
-// with four, 16-bit rows (half the bytes) for eight.
-using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4>;
-using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 5>;
-using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4>;
-using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Bf16, 256, 2, 8>;
-using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Fp16, 256, 2, 8>;
+// The instantiations, generated from FUSED_TABLE in model_new.py (name, MMA, precision, tile columns, consumers, ring
+// slots): a `using` line each.
+@FUSED_INSTANTIATIONS@
 
 // ================================================================ the kernel
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
-// land while the consumer frees it. bars: the consumer's (full, empty) mbarrier pairs, one per slot.
+// land while the consumer frees it.
 template <class Traits, bool kVec16>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::Elem* __restrict__ x, int H, int W,
-                                             unsigned char* ring, uint64_t* bars) {
-  constexpr int kRing = Traits::kRing;
+                                             const typename Traits::Ring& ring) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     ahead.next();
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
-    uint64_t* const full = bars + (d % kRing) * 2;
-    mbarrier_wait(full + 1, ((d / kRing) & 1) ^ 1);  // empty: the slot's previous row is released
-    unsigned char* const slot = ring + (d % kRing) * Traits::kSlotBytes;
+    ring.acquire(d);
     if constexpr (kVec16) {
-      producer.store(row, slot, x_img, y, col0);
+      producer.store(row, ring.slot(d), x_img, y, col0);
     } else {
-      producer.copy_by_element(x_img, y, col0, slot);
+      producer.copy_by_element(x_img, y, col0, ring.slot(d));
     }
-    fence_proxy_async();
-    mbarrier_arrive(full);
+    ring.commit(d);
   }
 }
 
@@ -929,30 +1149,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              int H, int W, int64_t total_steps) {
-  if constexpr (!Traits::kUsesWgmma || kHasWgmma) {
+  if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma)) {
     using Elem = typename Traits::Elem;
-    constexpr int kRing = Traits::kRing;
+    using Ring = typename Traits::Ring;
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const shared = smem + Traits::kSharedOffset;
     uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
-    auto ring = [&](int c) { return smem + c * Traits::kConsumerBytes; };
-    // Row counters are 32-bit: a consumer receives fewer than 2^32 rows (that many would take over 10^14 input
-    // bytes), so they never wrap.
-    auto full = [&](int c, uint32_t d) { return barriers + (c * kRing + d % kRing) * 2; };
-    auto empty = [&](int c, uint32_t d) { return full(c, d) + 1; };
+    auto ring = [&](int c) { return Ring{smem + c * Traits::kConsumerBytes, barriers + c * Traits::kRing * 2}; };
     if (threadIdx.x == 0) {
-      for (int i = 0; i < Traits::kConsumers * kRing; ++i) {
-        mbarrier_init(barriers + 2 * i, Traits::kProducerThreads);
-        mbarrier_init(barriers + 2 * i + 1, Traits::kWarpgroup);
-      }
+      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
     }
     Traits::Mainloop::stage_shared(shared, w, b);
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
     const int col_blocks = Traits::col_blocks(OW);
-    const int role = threadIdx.x / Traits::kWarpgroup;  // 0: producer, 1..: consumers
-    if (role == 0) {
+    if (threadIdx.x < Traits::kProducers) {
       const int c = threadIdx.x / Traits::kProducerThreads;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
@@ -960,18 +1172,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads);
       const RowCursor rows(begin, end, OH, col_blocks);
       if (producer.vec16) {
-        produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), full(c, 0));
+        produce_rows<Traits, true>(producer, rows, x, H, W, ring(c));
       } else {
-        produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), full(c, 0));
+        produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      const int c = role - 1, ctid = threadIdx.x % Traits::kWarpgroup;
+      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
+      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
+      const Ring rows_in = ring(c);
       typename Traits::Mainloop mainloop(shared, b, ctid);
-      typename Traits::Epilogue epilogue(ring(c) + Traits::kRingBytes, c, ctid);
-      auto slot = [&](uint32_t d) { return ring(c) + (d % kRing) * Traits::kSlotBytes; };
+      typename Traits::Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid);
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight, so the
@@ -981,16 +1194,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int pending_col0 = 0;
       for (int64_t s = begin; s < end; ++s, at.advance()) {
         const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
-        for (int i = 0; i < fresh; ++i, ++rows) mbarrier_wait(full(c, rows), (rows / kRing) & 1);
+        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);
         const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
         typename Traits::Mainloop::Accum acc;
-        unsigned char* const window[3] = {slot(rows - 3), slot(rows - 2), slot(rows - 1)};
+        unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};
         const int col0 = at.cb * Traits::kTileCols;
-        mainloop.start(acc, window, col0, OW);
+        // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
+        // once per step, as soon as it may.
+        const auto release_oldest = [&] { rows_in.release(rows - 3); };
+        mainloop.start(acc, window, col0, OW, release_oldest);
         if (s != begin) epilogue.write(pending, pending_row, pending_col0, OW);
-        mainloop.finish(acc);
-        // The MMAs have read the window: free what no later step uses.
-        for (uint32_t d = rows - 3; d != (strip_ends ? rows : rows - 2); ++d) mbarrier_arrive(empty(c, d));
+        mainloop.finish(acc, release_oldest);
+        // At a strip's end the next step starts a new window: free the other two rows as well.
+        if (strip_ends) {
+          rows_in.release(rows - 2);
+          rows_in.release(rows - 1);
+        }
         pending = epilogue.reduce(acc);
         pending_row = out + (at.n * OH + at.oy) * (int64_t)OW;
         pending_col0 = col0;
@@ -1058,6 +1277,28 @@ __global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restr
 }  // namespace kb25
 
 // ================================================================ launchers (raw pointers, current stream)
+#include <mutex>
+
+namespace kb25 {
+// What a fused kernel needs of a GPU, from its traits: can_implement() says no before anything launches.
+struct FusedRequirements {
+  int min_sm;  // major * 10 + minor
+  bool wgmma;  // sm_90 exactly, code built for sm_90a
+  int smem_bytes;
+  int threads;
+};
+template <class Traits>
+constexpr FusedRequirements requirements_of() {
+  return {Traits::kUsesWgmma ? 90 : 80, Traits::kUsesWgmma, Traits::kSmemBytes, Traits::kThreads};
+}
+}  // namespace kb25
+
+// Whether a GPU described by `device` can launch it: the arch, the MMA, and the shared memory a block may opt in to.
+static bool can_implement(const kb25::FusedRequirements& r, const kb25::DeviceProfile& device) {
+  if (r.wgmma && !(device.sm == 90 && device.wgmma_built)) return false;
+  return device.sm >= r.min_sm && r.smem_bytes <= device.smem_optin;
+}
+
 template <class Traits>
 static cudaError_t launch_fused(const void* x, const void* w, const void* b, void* out, int64_t N, int H, int W,
                                 int num_sms, cudaStream_t stream) {
@@ -1066,16 +1307,22 @@ static cudaError_t launch_fused(const void* x, const void* w, const void* b, voi
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
   const auto kernel = kb25::conv3x3_min_tanh2_kernel<Traits>;
-  // Opting in to more than 48 KB of shared memory is per device and sticks: do it once per device and kernel.
-  static bool smem_opted_in[64] = {};
+  // Opting in to more than 48 KB of shared memory is per device and sticks: once per device and kernel, by the
+  // first thread that launches it there (call_once: other threads wait for it).
+  constexpr int kMaxDevices = 64;
+  static std::once_flag opted_in[kMaxDevices];
+  static cudaError_t opt_in_error[kMaxDevices];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if (device >= 64 || !smem_opted_in[device]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    if (device < 64) smem_opted_in[device] = true;
+  auto opt_in = [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes); };
+  if (device < kMaxDevices) {
+    std::call_once(opted_in[device], [&] { opt_in_error[device] = opt_in(); });
+    err = opt_in_error[device];
+  } else {
+    err = opt_in();
   }
+  if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
       static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
@@ -1083,25 +1330,7 @@ static cudaError_t launch_fused(const void* x, const void* w, const void* b, voi
   return cudaGetLastError();
 }
 
-// The caller has picked a kernel its device runs (the sm90 ones need sm_90 and code built for sm_90a).
-extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, int64_t N, int H, int W, int num_sms,
-                                                      cudaStream_t stream) {
-  switch (kernel) {
-    case kb25::kFusedSm80Tf32:
-      return launch_fused<kb25::Sm80Tf32>(x, w, b, out, N, H, W, num_sms, stream);
-    case kb25::kFusedSm90Tf32:
-      return launch_fused<kb25::Sm90Tf32>(x, w, b, out, N, H, W, num_sms, stream);
-    case kb25::kFusedSm90Tf32x3:
-      return launch_fused<kb25::Sm90Tf32x3>(x, w, b, out, N, H, W, num_sms, stream);
-    case kb25::kFusedSm90Bf16:
-      return launch_fused<kb25::Sm90Bf16>(x, w, b, out, N, H, W, num_sms, stream);
-    case kb25::kFusedSm90Fp16:
-      return launch_fused<kb25::Sm90Fp16>(x, w, b, out, N, H, W, num_sms, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
+@FUSED_DISPATCH@
 
 template <class Elem>
 static cudaError_t launch_min_dim1_tanh2_typed(const void* y_, void* out_, int64_t outer, int64_t reduce,
@@ -1176,6 +1405,8 @@ CPP_SOURCE = r"""
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <atomic>
+#include <mutex>
 @SHARED_DECLARATIONS@
 namespace {
 
@@ -1205,13 +1436,34 @@ int elem_code(at::ScalarType t) {
   }
 }
 
-bool wgmma_available_on(int device) {
-#ifdef KB25_BUILT_FOR_SM90A
+// The GPU the chooser decides for: the device's own profile (torch reads its properties once per device), or,
+// while emulate_device() in model_new.py has set one, that profile: a testing aid with which one GPU stands in for
+// GPUs it can imitate (no wgmma, less shared memory). Process-wide, not per thread: autograd's backward runs on
+// threads of its own and must decide as the forward did.
+std::atomic<bool> emulating{false};
+std::mutex emulation_mutex;
+kb25::DeviceProfile emulated{};
+
+kb25::DeviceProfile real_profile(int device) {
   const auto* props = at::cuda::getDeviceProperties(device);
-  return props->major == 9 && props->minor == 0;
-#else
-  return false;
+  kb25::DeviceProfile p{props->major * 10 + props->minor, (int)props->sharedMemPerBlockOptin, false};
+#ifdef KB25_BUILT_FOR_SM90A
+  p.wgmma_built = p.sm == 90;
 #endif
+  return p;
+}
+
+kb25::DeviceProfile device_profile(int device) {
+  if (emulating.load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(emulation_mutex);
+    if (emulating.load(std::memory_order_relaxed)) return emulated;
+  }
+  return real_profile(device);
+}
+
+std::string profile_str(const kb25::DeviceProfile& p) {
+  return "sm_" + num(p.sm) + " with " + num(p.smem_optin) + " bytes of shared memory per block" +
+         (p.wgmma_built ? " and wgmma" : "");
 }
 
 // The reference conv runs in TF32 exactly when cuDNN runs it (cuDNN enabled) and TF32 is allowed for cuDNN convs:
@@ -1226,20 +1478,22 @@ bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
          weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
 }
 
-// The fused kernel that computes this call as the reference would, or -1. float32 follows the reference conv's
-// precision: TF32 when it would run in TF32, else strict fp32 (3xTF32). Strict fp32, bfloat16 and float16 are
-// wgmma kernels (sm_90); mma.sync runs TF32 only.
-int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
-  if (!fused_shape(x, weight)) return -1;
-  const bool wgmma = !mma_sync_only && wgmma_available_on(x.get_device());
+// The precision in which the reference computes this input (its index in PRECISIONS), or -1 where no fused kernel
+// has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+int precision_of(const at::Tensor& x) {
   switch (x.scalar_type()) {
-    case at::kFloat:
-      if (conv_runs_in_tf32()) return wgmma ? kb25::kFusedSm90Tf32 : kb25::kFusedSm80Tf32;
-      return wgmma ? kb25::kFusedSm90Tf32x3 : -1;
-    case at::kBFloat16: return wgmma ? kb25::kFusedSm90Bf16 : -1;
-    case at::kHalf: return wgmma ? kb25::kFusedSm90Fp16 : -1;
+    case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
+    case at::kBFloat16: return kb25::kPrecisionBf16;
+    case at::kHalf: return kb25::kPrecisionFp16;
     default: return -1;
   }
+}
+
+// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1.
+int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  const int precision = precision_of(x);
+  if (!fused_shape(x, weight) || precision < 0) return -1;
+  return choose_fused_kernel(precision, device_profile(x.get_device()), mma_sync_only);
 }
 
 }  // namespace
@@ -1266,7 +1520,34 @@ void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
                         bias.device().str());
 }
 
-bool wgmma_available() { return wgmma_available_on(c10::cuda::current_device()); }
+bool wgmma_available() {
+  const kb25::DeviceProfile p = device_profile(c10::cuda::current_device());
+  return p.wgmma_built && p.sm == 90;
+}
+
+// emulate_device() (model_new.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
+// chooser then picks must launch on it.
+void set_device_emulation(int64_t major, int64_t minor, int64_t smem_optin) {
+  const kb25::DeviceProfile real = real_profile(c10::cuda::current_device());
+  TORCH_CHECK_VALUE(major >= 0 && minor >= 0 && minor < 10,
+                    "emulate_device expects a capability (major, minor) with 0 <= minor < 10, got (" + num(major) +
+                        ", " + num(minor) + ")");
+  TORCH_CHECK_VALUE(smem_optin > 0 && smem_optin <= real.smem_optin,
+                    "emulate_device expects smem_optin of 1.." + num(real.smem_optin) +
+                        " bytes (this GPU's limit: what it chooses must launch here), got " + num(smem_optin));
+  const bool wgmma = major == 9 && minor == 0;
+  TORCH_CHECK_VALUE(!wgmma || real.wgmma_built,
+                    "emulate_device(capability=(9, 0)) needs an sm_90 GPU with this build's sm_90a code (wgmma), "
+                    "got " + profile_str(real));
+  const std::lock_guard<std::mutex> lock(emulation_mutex);
+  emulated = kb25::DeviceProfile{(int)(major * 10 + minor), (int)smem_optin, wgmma};
+  emulating.store(true, std::memory_order_release);
+}
+
+void clear_device_emulation() {
+  const std::lock_guard<std::mutex> lock(emulation_mutex);
+  emulating.store(false, std::memory_order_release);
+}
 
 // What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise).
 struct Choice {
@@ -1285,17 +1566,15 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
   if (requested == kb25::kBackendAuto) {
     return kernel >= 0 ? Choice{kb25::kBackendFused, kernel} : Choice{kb25::kBackendCudnnEpilogue, -1};
   }
-  TORCH_CHECK_VALUE(
-      kernel >= 0,
-      "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
-          num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
-          num(KB25_FUSED_KSIZE) +
-          (mma_sync ? std::string(" conv in float32 with TF32 convs allowed")
-                    : std::string(" conv in float32 with TF32 convs allowed, or on sm_90 float32 (strict), "
-                                  "bfloat16 or float16")) +
-          "; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
-          shape_str(weight.sizes()) + ", TF32 convs " + (conv_runs_in_tf32() ? "allowed" : "not allowed") +
-          (wgmma_available_on(x.get_device()) ? ", on sm_90" : ", not on sm_90"));
+  TORCH_CHECK_VALUE(kernel >= 0,
+                    "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
+                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
+                        num(KB25_FUSED_KSIZE) +
+                        " conv in float32, bfloat16 or float16 on an sm_80+ GPU with shared memory for one of its "
+                        "kernels; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
+                        shape_str(weight.sizes()) + ", TF32 convs " +
+                        (conv_runs_in_tf32() ? "allowed" : "not allowed") + ", on " +
+                        profile_str(device_profile(x.get_device())));
   return {requested, kernel};
 }
 
@@ -1337,6 +1616,27 @@ at::Tensor cudnn_conv_then_epilogue(const at::Tensor& x, const at::Tensor& weigh
   return out;
 }
 
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
+// precision and launch on this GPU itself (whatever is emulated).
+at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+  check_input(x, weight, bias);
+  TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
+                    "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
+                        num(kernel));
+  const std::string name = kb25::kFusedKernelNames[kernel];
+  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) && precision_of(x) == kb25::kFusedKernelPrecision[kernel],
+                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its precision and a " +
+                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " + num(x.dim()) + "-D " +
+                        dtype_name(x.scalar_type()) + " input on " + x.device().str() + ", TF32 convs " +
+                        (conv_runs_in_tf32() ? "allowed" : "not allowed"));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const kb25::DeviceProfile real = real_profile(x.get_device());
+  TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
+                    "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
+                        " bytes of shared memory per block and its MMA; got " + profile_str(real));
+  return fused_conv3x3_min_tanh2(x, weight, bias, (int)kernel);
+}
+
 // The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
 at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t backend) {
   check_input(x, weight, bias);
@@ -1350,13 +1650,79 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
 TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) { m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2)); }
 """
 
-EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "fused_kernel", "wgmma_available"]
+EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "fused_kernel", "wgmma_available", "set_device_emulation",
+                       "clear_device_emulation", "run_fused_kernel", "fused_kernel_smem_bytes"]
+
+
+# mma.sync shapes: (operand type, shape, PTX type).
+_MMA_SYNC_SHAPES = (("float", "m16n8k8", "tf32"), ("__nv_bfloat16", "m16n8k16", "bf16"), ("__half", "m16n8k16", "f16"))
+
+
+def _mma_sync_wrappers():
+    """mma.sync wrappers, D += A * B with fp32 accumulators, one per operand type (_MMA_SYNC_SHAPES)."""
+    out = []
+    for elem, shape, ptx in _MMA_SYNC_SHAPES:
+        out.append(f"""__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         Operand<{elem}>) {{
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}}""")
+    return "\n".join(out)
+
+
+def _fused_instantiations():
+    """One `using` line of FusedTraits per FUSED_TABLE row."""
+    mma = {"wgmma": "MmaKind::kWgmma", "mma_sync": "MmaKind::kMmaSync"}
+    return "\n".join(f"using {_camel(k.name)} = FusedTraits<{mma[k.mma]}, {PRECISION_TAGS[k.precision]}, "
+                     f"{k.tile_cols}, {k.consumers}, {k.producer_warps}, {k.ring}>;" for k in FUSED_TABLE)
+
+
+def _fused_dispatch():
+    """The requirements and launchers of FUSED_TABLE's kernels, in its order, and the host functions over them."""
+    types = [f"kb25::{_camel(k.name)}" for k in FUSED_TABLE]
+    requirements = ",\n    ".join(f"kb25::requirements_of<{t}>()" for t in types)
+    launchers = ",\n    ".join(f"launch_fused<{t}>" for t in types)
+    return f"""static constexpr kb25::FusedRequirements kFusedRequirements[] = {{
+    {requirements}}};
+using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, int64_t, int, int, int, cudaStream_t);
+static constexpr FusedLauncher kFusedLaunchers[] = {{
+    {launchers}}};
+static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
+
+extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only) {{
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {{
+    if (kb25::kFusedKernelPrecision[k] != precision || (mma_sync_only && kFusedRequirements[k].wgmma)) continue;
+    if (can_implement(kFusedRequirements[k], device)) return k;
+  }}
+  return -1;
+}}
+
+extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device) {{
+  return kernel >= 0 && kernel < kb25::kFusedKernelCount && can_implement(kFusedRequirements[kernel], device);
+}}
+
+extern "C" int fused_kernel_smem_bytes(int kernel) {{
+  return kernel >= 0 && kernel < kb25::kFusedKernelCount ? kFusedRequirements[kernel].smem_bytes : -1;
+}}
+
+extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
+                                                      void* out, int64_t N, int H, int W, int num_sms,
+                                                      cudaStream_t stream) {{
+  if (kernel < 0 || kernel >= kb25::kFusedKernelCount) return cudaErrorInvalidValue;
+  return kFusedLaunchers[kernel](x, w, b, out, N, H, W, num_sms, stream);
+}}"""
 
 
 def cuda_source():
     """The complete CUDA translation unit (no torch headers: plain nvcc compiles it)."""
     src = CUDA_SOURCE.replace("@SHARED_DECLARATIONS@", _shared_declarations())
-    return src.replace("@WGMMA_WRAPPERS@", _wgmma_wrappers())
+    for mark, text in (("@WGMMA_WRAPPERS@", _wgmma_wrappers()), ("@MMA_SYNC_WRAPPERS@", _mma_sync_wrappers()),
+                       ("@FUSED_INSTANTIATIONS@", _fused_instantiations()), ("@FUSED_DISPATCH@", _fused_dispatch())):
+        src = src.replace(mark, text)
+    return src
 
 
 def cpp_source():
@@ -1512,8 +1878,60 @@ conv_min_tanh2 = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
 
 
 def fused_mma_kind():
-    """Which tensor-core instruction the 'fused' backend uses on the current device."""
+    """Which tensor-core instruction the 'fused' backend uses on the current device (or the emulated one)."""
     return "wgmma" if _ext.wgmma_available() else "mma_sync"
+
+
+def _fused_code(name):
+    if name not in FUSED_KERNELS:
+        raise ValueError(f"expected a fused kernel name in FUSED_KERNELS {FUSED_KERNELS}, got {name!r}")
+    return FUSED_KERNELS.index(name)
+
+
+def fused_kernel_smem_bytes(name):
+    """The shared memory one CTA of the named fused kernel asks for (what a GPU's per-block opt-in must allow)."""
+    return _ext.fused_kernel_smem_bytes(_fused_code(name))
+
+
+def run_fused_kernel(x, weight, bias, name):
+    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU."""
+    return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
+
+
+_emulation_stack = []
+
+
+class emulate_device:
+    """A testing aid: inside `with emulate_device(capability=(8, 6), smem_optin=101376):` the chooser (backend
+    "auto", ModelNew.fused_kernel, ModelNew.resolve_backend, fused_mma_kind) decides as it would on a GPU of that
+    compute capability whose blocks may opt in to that much shared memory, and the calls run on the real GPU. It
+    may only narrow the real GPU (less shared memory; wgmma only where the GPU has it), so that everything chosen
+    launches here: an H200 runs every mma.sync kernel and so stands in for every GPU from sm_75 (where nothing
+    fused runs) up. Process-wide, not per thread (autograd's backward threads follow it); nests."""
+
+    def __init__(self, capability, smem_optin):
+        if (not isinstance(capability, tuple) or len(capability) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in capability)):
+            raise TypeError(f"emulate_device expects capability=(major, minor) as two ints, got {capability!r}")
+        if not isinstance(smem_optin, int) or isinstance(smem_optin, bool):
+            raise TypeError(f"emulate_device expects smem_optin as an int (bytes), got {smem_optin!r}")
+        if _ext is None:
+            raise RuntimeError("emulate_device needs the CUDA extension, which is built only where a CUDA GPU is "
+                               "visible; got none")
+        self.profile = (capability[0], capability[1], smem_optin)
+
+    def __enter__(self):
+        _ext.set_device_emulation(*self.profile)
+        _emulation_stack.append(self.profile)
+        return self
+
+    def __exit__(self, *exc_info):
+        _emulation_stack.pop()
+        if _emulation_stack:
+            _ext.set_device_emulation(*_emulation_stack[-1])
+        else:
+            _ext.clear_device_emulation()
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ module

@@ -40,6 +40,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-compile", action="store_true", help="do not time torch.compile (it takes minutes)")
     p.add_argument("--skip-modes", action="store_true", help="time only the default (TF32) precision")
+    p.add_argument("--skip-portability", action="store_true",
+                   help="do not time what each GPU profile of harness.DEVICE_PROFILES runs (emulated on this GPU)")
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
@@ -230,6 +232,40 @@ def bench_modes(args, init, shape):
     return modes
 
 
+def bench_portability(args, init, shape):
+    """What each GPU profile (harness.DEVICE_PROFILES) runs, emulated on this GPU (model_new.emulate_device): per
+    precision the fused kernel (None: cudnn_epilogue), the shared memory it asks for, its median time on the full
+    problem here, and whether its output matches the reference in that precision."""
+    import model_new
+
+    problems, out = {}, {}
+    for name, profile in harness.DEVICE_PROFILES.items():
+        entry = {"capability": list(profile.capability), "smem_optin": profile.smem_optin, "precisions": {}}
+        for precision, spec in harness.PRECISIONS.items():
+            torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+            ref, new = (m.to(spec.dtype).eval() for m in harness.make_models(args.seed, init, device="cuda"))
+            if precision not in problems:
+                x = harness.make_input(shape, seed=args.seed + 1, device="cuda").to(spec.dtype)
+                with torch.no_grad():
+                    problems[precision] = (x, ref(x))
+            x, want = problems[precision]
+            with model_new.emulate_device(capability=profile.capability, smem_optin=profile.smem_optin), \
+                    torch.no_grad():
+                kernel = new.fused_kernel(x)
+                ok, diff = harness.compare(new(x), want, atol=spec.tol, rtol=spec.tol)
+                times = harness.time_cuda(lambda: new(x), trials=args.trials, warmup=args.warmup)
+            entry["precisions"][precision] = {
+                "kernel": kernel, "smem_bytes": model_new.fused_kernel_smem_bytes(kernel) if kernel else None,
+                "ms": statistics.median(times), "correct": ok, "max_abs_diff": diff}
+            log(f"[portability] {name:8s} {precision:12s} {str(kernel):16s} {statistics.median(times):.3f} ms, "
+                f"max abs diff {diff:.2e}, correct {ok}")
+        out[name] = entry
+    torch.backends.cudnn.allow_tf32 = True
+    del problems
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     args = parse_args()
     if not torch.cuda.is_available():
@@ -282,6 +318,7 @@ def main():
     del variants
     torch._dynamo.reset()
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
+    portability = {} if args.skip_portability else bench_portability(args, init, shape)
     spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):
         return rows.get(name, {}).get("time_ms", {}).get("median")
@@ -326,6 +363,7 @@ def main():
         "variants": rows,
         "compile_fullgraph": bool(compiled_row.get("correct", {}).get("allclose_1e-4")) and "time_ms" in compiled_row,
         "modes": modes,
+        "portability": portability,
         "host_us": host_us,
         "import_s": import_s,
         "date": time.strftime("%Y-%m-%d"),
@@ -374,7 +412,8 @@ def main():
     picture = os.path.splitext(path)[0] + ".png"
     draw(rows, result, picture)
     log(f"wrote {picture}")
-    ok = result["correct"]["allclose_1e-4"] and all(entry["correct"] for entry in modes.values())
+    ok = result["correct"]["allclose_1e-4"] and all(entry["correct"] for entry in modes.values()) and all(
+        p["correct"] for entry in portability.values() for p in entry["precisions"].values())
     return 0 if ok else 1
 
 

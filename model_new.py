@@ -1258,7 +1258,8 @@ __global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restr
     Math m[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) m[e] = static_cast<Math>(first.v[e]);
-#pragma unroll 4
+    // Double's tanh needs more registers: unrolled 4 deep, sm_120's ptxas spills it.
+#pragma unroll(sizeof(Math) == 8 ? 2 : 4)
     for (int64_t r = 1; r < reduce; ++r) {
       const V u = src[r * groups];
 #pragma unroll
@@ -1616,6 +1617,11 @@ at::Tensor cudnn_conv_then_epilogue(const at::Tensor& x, const at::Tensor& weigh
   return out;
 }
 
+// Whether the current GPU itself (whatever is emulated) can launch a fused kernel (its index in FUSED_TABLE).
+bool fused_kernel_launches(int64_t kernel) {
+  return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
+}
+
 // One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
 // precision and launch on this GPU itself (whatever is emulated).
 at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
@@ -1651,7 +1657,7 @@ TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) { m.impl(KB25_OP_NAME, TORCH_FN(c
 """
 
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "resolve_backend", "fused_kernel", "wgmma_available", "set_device_emulation",
-                       "clear_device_emulation", "run_fused_kernel", "fused_kernel_smem_bytes"]
+                       "clear_device_emulation", "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
 # mma.sync shapes: (operand type, shape, PTX type).
@@ -1891,6 +1897,11 @@ def _fused_code(name):
 def fused_kernel_smem_bytes(name):
     """The shared memory one CTA of the named fused kernel asks for (what a GPU's per-block opt-in must allow)."""
     return _ext.fused_kernel_smem_bytes(_fused_code(name))
+
+
+def fused_kernel_launches(name):
+    """Whether the current GPU itself (whatever emulate_device says) can launch the named fused kernel."""
+    return _ext.fused_kernel_launches(_fused_code(name))
 
 
 def run_fused_kernel(x, weight, bias, name):

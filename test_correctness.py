@@ -24,11 +24,10 @@ OP = model_new.conv_min_tanh2
 AUTO = model_new.OP_BACKENDS.index("auto")
 
 
-# The fused kernel of each mode on an sm_90 GPU.
-SM90_KERNELS = {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}
-# Every CUDA backend in PyTorch's default precision, and the fused backend in each other precision.
-CASES = [(b, "tf32") for b in CUDA_BACKENDS] + [("fused", m) for m in ("strict_fp32", "bf16", "fp16")]
-CASE_IDS = [f"{b}-{m}" for b, m in CASES]
+# The shared CUDA cases (harness.CASES), by key: fused and cudnn_epilogue in every precision, and every fused kernel
+# by name. fused_mma_sync-<precision> is left out here: on any GPU it runs one of the kernel cases (the decision-table
+# test checks which).
+CASE_KEYS = [k for k, c in harness.CASES.items() if c.backend != "fused_mma_sync"]
 
 
 @pytest.fixture
@@ -323,16 +322,20 @@ def test_exact_fp32_misses_the_tf32_reference(seed):
     assert compare(model_new.reference_math(harness.round_tf32(x), harness.round_tf32(w), b), tf32_ref)[0]
 
 
-def _ptxas_report(tmp_path, arch="90a"):
+def _nvcc():
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # the flags torch's extension build adds
 
+    return [nvcc, "-std=c++17", "-O3", *COMMON_NVCC_FLAGS]
+
+
+def _ptxas_report(tmp_path, arch="90a"):
     src = tmp_path / "kernels.cu"
     src.write_text(model_new.cuda_source())
-    cmd = [nvcc, "-c", "-std=c++17", "-O3", *COMMON_NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}",
-           "-Xptxas", "-v", str(src), "-o", str(tmp_path / "kernels.o")]
+    cmd = [*_nvcc(), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v", str(src), "-o",
+           str(tmp_path / f"kernels_{arch}.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
@@ -349,35 +352,92 @@ def _ptxas_kernels(report):
     return kernels
 
 
-def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
-    report = _ptxas_report(tmp_path)
+# Every arch the issue of portability names (torch's CUDA builds target these); sm_90 is built as sm_90a.
+BUILD_ARCHS = ["75", "80", "86", "89", "90a", "100", "120"]
+
+
+@pytest.mark.parametrize("arch", BUILD_ARCHS)
+def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch):
+    """The CUDA source compiles for each arch with no warning, stack frame or spill: the fused kernels where the arch
+    has their instructions (mma.sync from sm_80, wgmma on sm_90a), empty elsewhere; the epilogue kernel everywhere."""
+    report = _ptxas_report(tmp_path, arch)
     kernels = _ptxas_kernels(report)
-    # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
-    # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
-    assert "potential performance loss" not in report.lower(), report
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
-    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(kernels)  # each (arch, precision), once
+    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(kernels)  # each table row, once
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    # The wgmma design: the fp32 accumulators (64 x tile columns / 128 threads; 3xTF32 keeps two of its 128-column
-    # tile) stay in registers for the whole kernel (the weights are in shared memory).
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
-    for kernel, acc in (("sm90_tf32", 128), ("sm90_tf32x3", 2 * 64), ("sm90_bf16", 128), ("sm90_fp16", 128)):
-        assert regs[kernel] >= acc, (kernel, fused[kernel])
-
-
-def test_cuda_source_compiles_for_sm80_without_spills(tmp_path):
-    """Other GPUs build the file for their own arch: the mma.sync kernel runs there, the wgmma kernels are empty."""
-    kernels = _ptxas_kernels(_ptxas_report(tmp_path, "80"))
-    assert sorted(_instantiation(k) for k in kernels if "conv3x3_min_tanh2_kernel" in k) == \
-        sorted(model_new.FUSED_KERNELS)
+    for row in model_new.FUSED_TABLE:
+        runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
+        # A kernel compiled in holds its accumulators in registers (64 channels x tile columns over the 128 threads of
+        # a consumer, twice for 3xTF32); one compiled out is an empty body.
+        acc = 64 * row.tile_cols // 128 * (2 if row.precision == "strict_fp32" else 1)
+        assert (regs[row.name] >= acc) if runs_here else (regs[row.name] < 16), (arch, row.name, fused[row.name])
+    if arch == "90a":
+        # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
+        # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
+        assert "potential performance loss" not in report.lower(), report
 
 
 def _instantiation(mangled):
-    """FUSED_KERNELS name of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision, ...>>."""
-    arch = {"MmaKindE0": "sm80", "MmaKindE1": "sm90"}[re.search(r"MmaKindE\d", mangled).group(0)]
-    precision = re.search(r"(Tf32RoundNearest|Tf32x3|Bf16|Fp16)", mangled).group(1)
-    return arch + "_" + {"Tf32RoundNearest": "tf32", "Tf32x3": "tf32x3", "Bf16": "bf16", "Fp16": "fp16"}[precision]
+    """FUSED_TABLE name of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision, tile columns,
+    consumers, producer warps, ring>>."""
+    m = re.search(r"MmaKindE(\d)ENS_\d+(\w+?)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    mma = {"0": "mma_sync", "1": "wgmma"}[m.group(1)]
+    precision = {v: k for k, v in model_new.PRECISION_TAGS.items()}[m.group(2)]
+    shape = tuple(int(m.group(i)) for i in range(3, 7))
+    names = [k.name for k in model_new.FUSED_TABLE if (k.mma, k.precision) == (mma, precision)
+             and (k.tile_cols, k.consumers, k.producer_warps, k.ring) == shape]
+    assert len(names) == 1, (mangled, names)
+    return names[0]
+
+
+# The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).
+SMEM_OPTIN_BY_ARCH = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+                      90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
+CHOOSER_MAIN = r"""
+#include <cstdio>
+int main() {
+  const int sms[] = {@SMS@};
+  const int smem[] = {@SMEM@};
+  for (int i = 0; i < (int)(sizeof(sms) / sizeof(sms[0])); ++i)
+    for (int wgmma = 0; wgmma < 2; ++wgmma)
+      for (int p = 0; p < @PRECISIONS@; ++p)
+        for (int mma_sync_only = 0; mma_sync_only < 2; ++mma_sync_only) {
+          const int k = choose_fused_kernel(p, kb25::DeviceProfile{sms[i], smem[i], wgmma == 1}, mma_sync_only == 1);
+          std::printf("%d %d %d %d %d %d\n", sms[i], wgmma, p, mma_sync_only, k, fused_kernel_smem_bytes(k));
+        }
+  return 0;
+}
+"""
+
+
+def test_chooser_picks_only_kernels_each_arch_can_launch(tmp_path):
+    """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision and backend:
+    what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is nothing
+    below sm_80, and exists for every precision on every sm_80+ arch (fused everywhere from sm_80)."""
+    src = tmp_path / "chooser.cu"
+    sms = sorted(SMEM_OPTIN_BY_ARCH)
+    src.write_text(model_new.cuda_source() + CHOOSER_MAIN.replace("@SMS@", ", ".join(map(str, sms))).replace(
+        "@SMEM@", ", ".join(str(SMEM_OPTIN_BY_ARCH[s]) for s in sms)).replace(
+        "@PRECISIONS@", str(len(model_new.PRECISIONS))))
+    exe = tmp_path / "chooser"
+    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
+    rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
+    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * 2
+    for sm, wgmma_built, precision, mma_sync_only, kernel, smem in rows:
+        where = (sm, wgmma_built, model_new.PRECISIONS[precision], mma_sync_only)
+        if sm < 80:
+            assert kernel == -1, where
+            continue
+        assert kernel >= 0, f"nothing fused for {where}"
+        row = model_new.FUSED_TABLE[kernel]
+        assert row.precision == model_new.PRECISIONS[precision], (where, row)
+        assert 0 < smem <= SMEM_OPTIN_BY_ARCH[sm], (where, row, smem)
+        assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -500,17 +560,18 @@ def _cuda_models(seed=0, **kw):
     return make_models(seed, device="cuda", **kw)
 
 
-def _mode_models(seed, backend, mode):
-    """Reference and ModelNew in `mode` (dtype set, the TF32 flag set for the caller's test; tf32_default restores
-    it), and the input dtype. The fused backend must actually run that mode's kernel where sm_90 is present."""
-    allow_tf32, dtype = harness.PRECISIONS[mode].allow_tf32, harness.PRECISIONS[mode].dtype
-    torch.backends.cudnn.allow_tf32 = allow_tf32
-    ref, new = (m.to(dtype) for m in _cuda_models(seed, backend=backend))
-    if mode != "tf32" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip(f"the fused {mode} kernel needs sm_90")
-    if backend == "fused" and torch.cuda.get_device_capability() == (9, 0):
-        assert new.fused_kernel(torch.empty(1, 16, 3, 3, device="cuda", dtype=dtype)) == SM90_KERNELS[mode]
-    return ref, new, dtype
+def _case(key, seed):
+    """(case, reference, fn, dtype) for a case key: the reference and the case's path in its precision (the TF32 flag
+    set for the test; tf32_default restores it). A kernel case skips where this GPU cannot launch that kernel."""
+    case = harness.CASES[key]
+    if case.kernel is not None and not model_new.fused_kernel_launches(case.kernel):
+        pytest.skip(f"this GPU cannot launch {case.kernel}")
+    ref, fn = harness.case_model(case, seed)
+    dtype = harness.PRECISIONS[case.precision].dtype
+    if case.backend == "fused":  # the fused backend must run a fused kernel of this precision on every sm_80+ GPU
+        assert fn.model.fused_kernel(torch.empty(1, 16, 3, 3, device="cuda", dtype=dtype)) in \
+            [k.name for k in model_new.FUSED_TABLE if k.precision == case.precision]
+    return case, ref, fn, dtype
 
 
 def _check_output(got, want, x, ref, backend, mode="tf32"):
@@ -521,7 +582,8 @@ def _check_output(got, want, x, ref, backend, mode="tf32"):
     fused output must match the TF32 emulation to 5e-5, and the reference at 1e-4 wherever the reference is TF32,
     else at the TF32-vs-fp32 distance (5e-4)."""
     if backend == "cudnn_epilogue":
-        ok, diff = compare(got, want)
+        tol = harness.ATOL if mode in ("tf32", "strict_fp32") else harness.PRECISIONS[mode].tol
+        ok, diff = compare(got, want, atol=tol, rtol=tol)
         assert ok, f"cudnn_epilogue: max abs diff {diff} vs the reference"
         return
     if mode != "tf32":  # strict fp32 at 1e-5 of the strict reference; bf16 / fp16 at KernelBench's 1e-2
@@ -571,52 +633,153 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
         harness.l2_flush_buffer("cpu")
 
 
+def _first_launchable(precision, mma_sync_only=False):
+    """The first FUSED_TABLE kernel of a precision that this GPU launches (the chooser's order), or None."""
+    return next((k.name for k in model_new.FUSED_TABLE if k.precision == precision and model_new.fused_kernel_launches(
+        k.name) and not (mma_sync_only and k.mma == "wgmma")), None)
+
+
 @needs_cuda
 def test_auto_backend_decision_table_on_gpu(tf32_default):
-    """The C++ table: fused for a batched float32 input of the 16->64 3x3 conv while the reference conv would run
-    in TF32; cudnn_epilogue for everything else; a forced fused backend refuses what it cannot run."""
+    """The C++ table: fused for a batched input of the 16->64 3x3 conv in float32 (TF32 or strict, as the reference
+    conv would run), bfloat16 or float16; cudnn_epilogue for everything else; a forced fused backend refuses what it
+    cannot run. fused_mma_sync runs the mma.sync kernel of the same precision."""
     _, new = _cuda_models()
     x = torch.rand(1, 16, 4, 4, device="cuda")
     assert new.resolve_backend(x) == "fused"
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert model_new.fused_mma_kind() == ("wgmma" if hopper else "mma_sync")
-    assert new.fused_kernel(x) == ("sm90_tf32" if hopper else "sm80_tf32")
+    assert new.fused_kernel(x) == _first_launchable("tf32") == ("sm90_tf32" if hopper else "sm80_tf32")
     assert new.resolve_backend(x[0]) == "cudnn_epilogue"  # unbatched: the min runs over rows
     assert new.fused_kernel(x[0]) is None
-    strict = "fused" if hopper else "cudnn_epilogue"  # strict fp32 (3xTF32) is a wgmma kernel
     torch.backends.cudnn.allow_tf32 = False
-    assert new.resolve_backend(x) == strict
-    assert new.fused_kernel(x) == ("sm90_tf32x3" if hopper else None)
-    new.backend = "fused_mma_sync"  # TF32 only: refuses rather than run a lower precision than asked
-    with pytest.raises(ValueError, match=r"backend 'fused_mma_sync' needs .* TF32 convs allowed; got .* not allowed"):
-        new(x)
+    assert new.resolve_backend(x) == "fused"
+    assert new.fused_kernel(x) == _first_launchable("strict_fp32")
+    assert model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(new.fused_kernel(x))].precision == "strict_fp32"
+    new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: 3xTF32, never plain TF32
+    assert new.fused_kernel(x) == _first_launchable("strict_fp32", mma_sync_only=True) == "sm80_tf32x3"
     new.backend = "auto"
     torch.backends.cudnn.allow_tf32 = True
     saved_enabled = torch.backends.cudnn.enabled
     torch.backends.cudnn.enabled = False  # the native conv runs in plain fp32
-    assert new.resolve_backend(x) == strict
+    assert new.fused_kernel(x) == _first_launchable("strict_fp32")
     torch.backends.cudnn.enabled = saved_enabled
     conv_settings = getattr(torch.backends.cudnn, "conv", None)
     if conv_settings is not None and hasattr(conv_settings, "fp32_precision"):
         saved = conv_settings.fp32_precision
         conv_settings.fp32_precision = "ieee"
-        assert new.fused_kernel(x) == ("sm90_tf32x3" if hopper else None)
+        assert new.fused_kernel(x) == _first_launchable("strict_fp32")
         conv_settings.fp32_precision = saved
     assert new.resolve_backend(x) == "fused"
+    new.backend = "fused_mma_sync"
+    assert new.fused_kernel(x) == "sm80_tf32"
+    new.backend = "auto"
     for dtype, mode in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         new.to(dtype)
-        assert new.resolve_backend(x.to(dtype)) == ("fused" if hopper else "cudnn_epilogue")
-        assert new.fused_kernel(x.to(dtype)) == (SM90_KERNELS[mode] if hopper else None)
+        assert new.resolve_backend(x.to(dtype)) == "fused"
+        assert new.fused_kernel(x.to(dtype)) == _first_launchable(mode) == (f"sm90_{mode}" if hopper else f"sm80_{mode}")
+        new.backend = "fused_mma_sync"
+        assert new.fused_kernel(x.to(dtype)) == f"sm80_{mode}"
+        new.backend = "auto"
     new.double()
     assert new.resolve_backend(x.double()) == "cudnn_epilogue"
     for backend in ("fused", "fused_mma_sync"):
         new.backend = backend
         with pytest.raises(ValueError, match=rf"backend '{backend}' needs a 4-D input and a 16->64 3x3 conv in "
-                                             r"float32 .*; got a 4-D torch\.float64 input, weight \[64, 16, 3, 3\]"):
+                                             r"float32, bfloat16 or float16 .*; got a 4-D torch\.float64 input, "
+                                             r"weight \[64, 16, 3, 3\], TF32 convs allowed, on sm_\d+ with \d+ bytes"):
             new(x.double())
     new.backend = "auto"
     _, other = _cuda_models(0, init_inputs=[16, 32, 3])
     assert other.resolve_backend(x) == "cudnn_epilogue"
+
+
+# What each GPU profile (harness.DEVICE_PROFILES) runs per precision: None is cudnn_epilogue. Written out by hand, not
+# derived from the table, so that a change of the chooser's answers shows here.
+_SM80 = {"tf32": "sm80_tf32", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
+_SM80_99K = dict(_SM80, strict_fp32="sm80_tf32x3_99k")
+PROFILE_KERNELS = {
+    "T4": dict.fromkeys(harness.PRECISIONS),
+    "A100": _SM80,
+    "A10G": _SM80_99K,
+    "L40S": _SM80_99K,
+    "H100": {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
+    "B200": _SM80,
+    "RTX5090": _SM80_99K,
+}
+PROFILE_SHAPES = [FULL_SHAPE, (3, 16, 67, 300), (2, 16, 259, 130), (2, 16, 40, 600)]
+_profile_truth = {}
+
+
+def _problem(precision, shape):
+    """(reference, x, its output, float64 truth) per precision and shape, computed once for all profiles."""
+    key = (precision, shape)
+    if key not in _profile_truth:
+        spec = harness.PRECISIONS[precision]
+        torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+        ref, _ = _cuda_models(40)
+        ref = ref.to(spec.dtype)
+        x = make_input(shape, seed=41, device="cuda").to(spec.dtype)
+        want = _run(ref, x)
+        truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
+        _profile_truth[key] = (ref, x, want, truth)
+    return _profile_truth[key]
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", list(PROFILE_KERNELS))
+def test_device_profiles_choose_and_compute_right(profile, tf32_default):
+    """Under emulate_device, for each GPU profile and precision: the kernel chosen (a fused one on every sm_80+ GPU,
+    in every precision, fitting its shared memory); the output against the reference at the problem size and on
+    ragged shapes (1e-4 TF32, 1e-5 strict against the strict reference, 1e-2 bf16/fp16; TF32 as _check_output
+    says, since cuDNN runs some small shapes in full fp32); and, at the problem size, no further from the float64
+    truth than the precision's bound times the reference's own error."""
+    if not model_new.fused_kernel_launches("sm90_tf32") and profile == "H100":
+        pytest.skip("the H100 profile needs an sm_90 GPU")
+    capability, smem = harness.DEVICE_PROFILES[profile]
+    for precision, expected in PROFILE_KERNELS[profile].items():
+        spec = harness.PRECISIONS[precision]
+        for shape in PROFILE_SHAPES:
+            ref, x, want, truth = _problem(precision, shape)
+            torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+            _, new = _cuda_models(40)
+            new = new.to(spec.dtype)
+            with model_new.emulate_device(capability=capability, smem_optin=smem):
+                assert new.fused_kernel(x) == expected, (profile, precision)
+                assert new.resolve_backend(x) == ("cudnn_epilogue" if expected is None else "fused")
+                harness.poison_cuda_allocator(want.numel() * 4)
+                got = _run(new, x)
+            if expected is not None:
+                assert model_new.fused_kernel_smem_bytes(expected) <= smem
+            _check_output(got, want, x, ref, "cudnn_epilogue" if expected is None else expected, precision)
+            if shape != FULL_SHAPE:
+                continue
+            err, ref_err = harness.max_abs_error(got, truth), harness.max_abs_error(want, truth)
+            bound = spec.truth_bound if expected is not None else 1.0
+            assert err <= bound * ref_err, \
+                f"{profile} {precision} {shape} ({expected}): error vs float64 {err} > {bound} x reference's {ref_err}"
+
+
+@needs_cuda
+def test_emulate_device_nests_restores_and_refuses_what_cannot_launch(tf32_default):
+    _, new = _cuda_models()
+    x = torch.rand(1, 16, 4, 4, device="cuda")
+    real = new.fused_kernel(x)
+    with harness.emulated("A10G"):
+        assert new.fused_kernel(x) == "sm80_tf32" and model_new.fused_mma_kind() == "mma_sync"
+        with harness.emulated("T4"):
+            assert new.fused_kernel(x) is None and new.resolve_backend(x) == "cudnn_epilogue"
+        assert new.fused_kernel(x) == "sm80_tf32"
+    assert new.fused_kernel(x) == real
+    too_much = torch.cuda.get_device_properties(0).shared_memory_per_block_optin + 1
+    with pytest.raises(ValueError, match=rf"emulate_device expects smem_optin of 1\.\.\d+ bytes .*got {too_much}"):
+        with model_new.emulate_device(capability=(8, 0), smem_optin=too_much):
+            pass
+    if torch.cuda.get_device_capability() != (9, 0):
+        with pytest.raises(ValueError, match=r"capability=\(9, 0\)\) needs an sm_90 GPU"):
+            with harness.emulated("H100"):
+                pass
+    assert new.fused_kernel(x) == real  # a refused emulation leaves nothing behind
 
 
 @needs_cuda
@@ -655,17 +818,19 @@ def test_other_precisions_full_size(mode, tf32_default):
     """The full problem in strict fp32 (TF32 off), bf16 and fp16 (a model converted with .to(dtype)), fresh inputs
     per seed: the output has the reference's dtype, is within 1e-5 (strict) or KernelBench's 1e-2 of the
     reference in that precision, and is no further from the float64 truth than 2x (strict) or 1x the reference's
-    own error. Both backends: the fused kernel and cuDNN + epilogue (which must match the reference at the same
-    tolerance)."""
-    tol, bound = harness.PRECISIONS[mode].tol, harness.PRECISIONS[mode].truth_bound
-    for backend in ("fused", "cudnn_epilogue"):
-        ref, new, dtype = _mode_models(30, backend, mode)
+    own error. Every backend: the fused kernel, the mma.sync one, and cuDNN + epilogue (which must match the
+    reference at the same tolerance)."""
+    spec = harness.PRECISIONS[mode]
+    tol, bound = spec.tol, spec.truth_bound
+    for backend in ("fused", "fused_mma_sync", "cudnn_epilogue"):
+        torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+        ref, new = (m.to(spec.dtype) for m in _cuda_models(30, backend=backend))
         for seed in range(2):
-            x = make_input(FULL_SHAPE, seed=2000 + seed, device="cuda").to(dtype)
+            x = make_input(FULL_SHAPE, seed=2000 + seed, device="cuda").to(spec.dtype)
             want = _run(ref, x)
             harness.poison_cuda_allocator(want.numel() * 4)
             got = _run(new, x)
-            assert got.dtype == dtype and got.shape == want.shape
+            assert got.dtype == spec.dtype and got.shape == want.shape
             ok, diff = compare(got, want, atol=tol, rtol=tol)
             assert ok, f"{backend} {mode}: max abs diff {diff} vs the reference"
             truth = harness.float64_forward(x, ref.conv.weight.detach(), ref.conv.bias.detach())
@@ -718,128 +883,135 @@ EDGE_SHAPES = [
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("key", CASE_KEYS)
 @pytest.mark.parametrize("shape", EDGE_SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_edge_shapes(shape, backend, mode, tf32_default):
-    ref, new, dtype = _mode_models(8, backend, mode)
+def test_edge_shapes(shape, key, tf32_default):
+    case, ref, fn, dtype = _case(key, 8)
     for seed in range(2):
         x = make_input(shape, seed=seed, device="cuda").to(dtype)
         want = _run(ref, x)
         harness.poison_cuda_allocator(want.numel() * 4)
-        _check_output(_run(new, x), want, x, ref, backend, mode)
+        _check_output(fn(x), want, x, ref, case.backend, case.precision)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
-def test_nan_and_inf_inputs(backend, mode, tf32_default):
-    ref, new, dtype = _mode_models(9, backend, mode)
+@pytest.mark.parametrize("key", CASE_KEYS)
+def test_nan_and_inf_inputs(key, tf32_default):
+    case, ref, fn, dtype = _case(key, 9)
     x = make_input((2, 16, 64, 70), seed=5, device="cuda").to(dtype)
     flat = x.view(-1)
     idx = torch.randperm(flat.numel(), device="cuda")[:60]
     flat[idx[:20]] = float("nan")
     flat[idx[20:40]] = float("inf")
     flat[idx[40:]] = -float("inf")
-    want, got = _run(ref, x), _run(new, x)
+    want, got = _run(ref, x), fn(x)
     assert torch.isnan(want).any() and torch.isfinite(want).any()
     assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
-    _check_output(got, want, x, ref, backend, mode)
+    _check_output(got, want, x, ref, case.backend, case.precision)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
-def test_nan_wins_over_inf_channels_in_the_min(backend, mode, tf32_default):
+@pytest.mark.parametrize("key", CASE_KEYS)
+def test_nan_wins_over_inf_channels_in_the_min(key, tf32_default):
     """One output pixel whose 64 channels mix NaN with +-inf: +inf on input channel 0 and -inf on channel 1 at one
     position, so output channel o sees w[o,0]*inf - w[o,1]*inf: NaN where the two weights share a sign, +-inf
     where they do not. torch.min gives NaN there; a min that drops NaN (fminf) would give tanh(tanh(-inf))."""
-    ref, new, dtype = _mode_models(33, backend, mode)
+    case, ref, fn, dtype = _case(key, 33)
     x = make_input((1, 16, 8, 8), seed=6, device="cuda").to(dtype)
     x[0, 0, 3, 3], x[0, 1, 3, 3] = float("inf"), -float("inf")
     w, b = ref.conv.weight.detach().double().cpu(), ref.conv.bias.detach().double().cpu()
     channels = torch.conv2d(x.double().cpu(), w, b)[0, :, 2, 2]  # output pixel (2, 2) sees (3, 3) through tap (1, 1)
     assert torch.isnan(channels).any() and torch.isinf(channels).any(), "the pixel does not mix NaN and inf"
-    want, got = _run(ref, x), _run(new, x)
+    want, got = _run(ref, x), fn(x)
     assert torch.isnan(want[0, 0, 2, 2]), "the reference does not propagate NaN here"
-    assert torch.isnan(got[0, 0, 2, 2]), f"{backend} dropped the NaN channel: got {float(got[0, 0, 2, 2])}"
+    assert torch.isnan(got[0, 0, 2, 2]), f"{key} dropped the NaN channel: got {float(got[0, 0, 2, 2])}"
     assert torch.equal(torch.isnan(got), torch.isnan(want))
 
 
+STRICT_KEYS = [k for k in CASE_KEYS
+               if harness.CASES[k].precision == "strict_fp32" and harness.CASES[k].backend != "cudnn_epilogue"]
+
+
 @needs_cuda
-def test_strict_fp32_infinite_input_with_tf32_exact_weights(tf32_default):
+@pytest.mark.parametrize("key", STRICT_KEYS)
+def test_strict_fp32_infinite_input_with_tf32_exact_weights(key, tf32_default):
     """3xTF32 splits each weight into big + small. Weights that TF32 holds exactly have no small part, and an
     infinite input times a zero small weight would be NaN where the reference's fp32 product is an infinity. Here
     every weight is TF32-exact and a few inputs are +inf: the reference's min is -inf there (tanh(tanh) = -0.76),
-    never NaN, and so must the fused kernel's be."""
-    ref, new, dtype = _mode_models(36, "fused", "strict_fp32")
+    never NaN, and so must every strict kernel's be."""
+    case, ref, fn, dtype = _case(key, 36)
     with torch.no_grad():
-        for m in (ref, new):
+        for m in (ref, fn.model):
             m.conv.weight.copy_(harness.round_tf32(ref.conv.weight))
     x = make_input((2, 16, 20, 30), seed=12, device="cuda")
     x[0, 3, 5, 7] = x[1, 10, 12, 20] = x[1, 0, 0, 0] = float("inf")
-    want, got = _run(ref, x), _run(new, x)
+    want, got = _run(ref, x), fn(x)
     assert not torch.isnan(want).any() and (want == float(torch.tanh(torch.tanh(torch.tensor(-float("inf")))))).any()
-    _check_output(got, want, x, ref, "fused", "strict_fp32")
+    _check_output(got, want, x, ref, case.backend, case.precision)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
-def test_noncontiguous_and_channels_last(backend, mode, tf32_default):
-    ref, new, dtype = _mode_models(10, backend, mode)
+@pytest.mark.parametrize("key", CASE_KEYS)
+def test_noncontiguous_and_channels_last(key, tf32_default):
+    case, ref, fn, dtype = _case(key, 10)
     base = make_input((2, 16, 50, 140), seed=6, device="cuda").to(dtype)
     strided = base[:, :, :, ::2]
     dense = strided.contiguous()
-    assert torch.equal(_run(new, strided), _run(new, dense))
-    _check_output(_run(new, strided), _run(ref, dense), dense, ref, backend, mode)
+    assert torch.equal(fn(strided), fn(dense))
+    _check_output(fn(strided), _run(ref, dense), dense, ref, case.backend, case.precision)
     cl = base.to(memory_format=torch.channels_last)
-    assert torch.equal(_run(new, cl), _run(new, base))
-    _check_output(_run(new, cl), _run(ref, base), base, ref, backend, mode)
+    assert torch.equal(fn(cl), fn(base))
+    _check_output(fn(cl), _run(ref, base), base, ref, case.backend, case.precision)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
-def test_input_unchanged_side_stream_graph_and_repeatable(backend, mode, tf32_default):
-    ref, new, dtype = _mode_models(12, backend, mode)
+@pytest.mark.parametrize("key", CASE_KEYS)
+def test_input_unchanged_side_stream_graph_and_repeatable(key, tf32_default):
+    case, ref, fn, dtype = _case(key, 12)
     x = make_input((4, 16, 96, 130), seed=7, device="cuda").to(dtype)
     x_before = x.clone()
-    first = _run(new, x)
+    first = fn(x)
     assert torch.equal(x, x_before), "forward changed its input"
-    _check_output(first, _run(ref, x), x, ref, backend, mode)
+    _check_output(first, _run(ref, x), x, ref, case.backend, case.precision)
     for _ in range(3):
-        assert torch.equal(_run(new, x), first), "output is not bitwise repeatable"
+        assert torch.equal(fn(x), first), "output is not bitwise repeatable"
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        on_side = _run(new, x)
+        on_side = fn(x)
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(on_side, first), "a side stream gave another result"
 
+    new = fn.model
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = _run(new, static_x)  # eager: the op's CUDA kernel called directly
+        static_out = fn(static_x)  # eager: the op's CUDA kernel called directly (or the named kernel)
         static_op_out = OP(static_x, new.conv.weight.detach(), new.conv.bias.detach(), new._op_backend)  # dispatcher
     fresh = make_input(x.shape, seed=8, device="cuda").to(dtype)
     static_x.copy_(fresh)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(static_out, _run(new, fresh)), "graph replay differs from eager"
-    assert torch.equal(static_op_out, static_out)
+    assert torch.equal(static_out, fn(fresh)), "graph replay differs from eager"
+    if case.kernel is None:
+        assert torch.equal(static_op_out, static_out)
     assert not torch.equal(static_out, first)
 
 
 @needs_cuda
-@pytest.mark.parametrize("backend,mode", CASES, ids=CASE_IDS)
-def test_offsets_past_2_pow_31(backend, mode, tf32_default):
+@pytest.mark.parametrize("key", CASE_KEYS)
+def test_offsets_past_2_pow_31(key, tf32_default):
     """An input with more than 2^31 elements (and, for cudnn_epilogue, an intermediate too): the last images must
     be right."""
     n = 2100
     shape = (n, 16, 256, 256)
     assert n * 16 * 256 * 256 > 2**31
-    ref, new, dtype = _mode_models(13, backend, mode)
+    case, ref, fn, dtype = _case(key, 13)
     x = make_input(shape, seed=15, device="cuda").to(dtype)
-    got = _run(new, x)
+    got = fn(x)
     for sl in (slice(0, 2), slice(n - 2, n)):
-        _check_output(got[sl], _run(ref, x[sl]), x[sl], ref, backend, mode)
+        _check_output(got[sl], _run(ref, x[sl]), x[sl], ref, case.backend, case.precision)
     del x, got
     torch.cuda.empty_cache()
 
@@ -921,8 +1093,9 @@ def test_sass_uses_tensor_cores_without_local_memory():
     functions = {f.split()[0]: f for f in re.split(r"\n\s*Function : ", sass)[1:]}
     fused = {_instantiation(name): f for name, f in functions.items() if "conv3x3_min_tanh2_kernel" in name}
     assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(functions)
-    assert "HMMA" in fused["sm80_tf32"], "the mma.sync kernel has no HMMA"
-    if torch.cuda.get_device_capability() == (9, 0):
-        for kernel in ("sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16"):
-            assert "HGMMA" in fused[kernel], f"the {kernel} kernel has no HGMMA"
+    for row in model_new.FUSED_TABLE:
+        if row.mma == "mma_sync":
+            assert "HMMA" in fused[row.name] and "LDSM" in fused[row.name], f"{row.name}: no HMMA or ldmatrix"
+        elif torch.cuda.get_device_capability() == (9, 0):
+            assert "HGMMA" in fused[row.name], f"the {row.name} kernel has no HGMMA"
     assert not re.search(r"\b(LDL|STL)\b", sass), "a kernel uses local memory"

@@ -3,7 +3,7 @@
 # (default ./device-out).
 # Usage: tools/device_check.sh [pytest|bench|bench-fast|kernelbench|mutants|sass|sanitize|all]...
 # kernelbench needs KERNELBENCH_DIR (a KernelBench checkout); it and bench write results/<gpu>.json.
-# SANITIZE_BACKENDS (e.g. "cudnn_epilogue") limits the sanitizer to those backends' cases.
+# SANITIZE_CASES (case keys of harness.CASES or backends, e.g. "kernel") limits the sanitizer to those cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -49,9 +49,12 @@ if want bench || want kernelbench; then
 fi
 if want sanitize; then
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  # memcheck: every case, the full problem too; racecheck: the ragged shapes (the full problem outlasts its limit)
   for tool in memcheck racecheck; do
-    echo "== compute-sanitizer --tool $tool"
-    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" python3 tools/sanitize.py ${SANITIZE_BACKENDS:-} 2>&1 | grep -vE "^========= *$" | tail -n 40
+    args=${SANITIZE_CASES:-}
+    [[ $tool == racecheck ]] && args="--ragged $args"
+    echo "== compute-sanitizer --tool $tool tools/sanitize.py $args"
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" python3 tools/sanitize.py $args 2>&1 | grep -vE "^========= *$" | tail -n 60
   done 2>&1 | tee "$OUT/sanitize.log" || status=1
 fi
 exit $status

@@ -18,13 +18,28 @@ import tempfile
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_FILES = ("model_new.py", "harness.py", "reference.py", "test_correctness.py")
 
+
+
+def node(test, key=None, shape=None):
+    """A pytest node id of test_correctness.py from a test name, a case key of harness.CASES (checked to exist) and
+    an edge shape's id."""
+    if key is not None:
+        sys.path.insert(0, HERE)
+        import harness
+
+        assert key in harness.CASES, f"no case {key!r} in harness.CASES"
+    params = "-".join(p for p in (shape, key) if p)
+    return f"{test}[{params}]" if params else test
+
+
 # name -> (original text, mutated text, tests that must fail)
 MUTANTS = {
     # fminf drops NaN: min(NaN, x) = x
     "min_drops_nan": (
         'asm("min.NaN.f32 %0, %1, %2;\\n" : "=f"(r) : "f"(a), "f"(b));',
         "r = fminf(a, b);",
-        ["test_nan_wins_over_inf_channels_in_the_min"],
+        [node("test_nan_wins_over_inf_channels_in_the_min", "fused-tf32"),
+         node("test_nan_wins_over_inf_channels_in_the_min", "kernel-sm80_bf16")],
     ),
     # operands reach the tensor cores unrounded, which then use their top 19 bits: truncated TF32
     "no_tf32_rounding": (
@@ -63,14 +78,14 @@ MUTANTS = {
 #pragma unroll""",
         """      for (int c = 0; c < kVec; ++c) {
 #pragma unroll""",
-        ["test_edge_shapes[2x16x67x67-fused-tf32]", "test_edge_shapes[2x16x67x67-fused-bf16]"],
+        [node("test_edge_shapes", "fused-tf32", "2x16x67x67"), node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
     # the producer never loads the late items (each group's last chunk): in a row wider than the tile, the tile's
     # last two pixels read stale columns
     "late_items_never_loaded": (
         "if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {",
         "if (false) {",
-        ["test_edge_shapes[3x16x40x600-fused-tf32]", "test_edge_shapes[3x16x40x600-fused-bf16]"],
+        [node("test_edge_shapes", "fused-tf32", "3x16x40x600"), node("test_edge_shapes", "fused-bf16", "3x16x40x600")],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
@@ -82,7 +97,7 @@ MUTANTS = {
     "last_step_never_written": (
         "      if (begin < end) epilogue.write(pending, pending_row, pending_col0, OW);\n",
         "",
-        ["test_full_size_matches_reference[0]", "test_edge_shapes[2x16x67x67-fused-bf16]"],
+        ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
     # the deferred write lands in the current step's row instead of the previous step's
     "write_goes_to_the_current_row": (
@@ -94,7 +109,46 @@ MUTANTS = {
     "strict_inf_times_zero": (
         "if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);",
         "",
-        ["test_strict_fp32_infinite_input_with_tf32_exact_weights"],
+        [node("test_strict_fp32_infinite_input_with_tf32_exact_weights", "fused-strict_fp32"),
+         node("test_strict_fp32_infinite_input_with_tf32_exact_weights", "kernel-sm80_tf32x3")],
+    ),
+    # mma.sync's ldmatrix rows: lanes 8-15 address the next channel group instead of pixels 8-15
+    "ldmatrix_rows_mixed_up": (
+        "const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;",
+        "const uint32_t lane_offset = ((lane >> 3) & 1) * Geometry::kGroupBytes + (warp_col + (lane & 7) + (lane >> 4) * 8) * 16;",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67")],
+    ),
+    # the 16-bit weight fragments take their k-halves 2 elements apart instead of kMmaK / 2
+    "weight_fragment_k_half": (
+        "Geometry::kMmaK / 2 * (e & 1) + h;",
+        "kPerWord * (e & 1) + h;",
+        [node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67")],
+    ),
+    # mma.sync 3xTF32 without the big(w) * small(x) product
+    "mma_sync_strict_drops_a_small_product": (
+        "              mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});\n",
+        "",
+        ["test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # each lane of a quad stores m-tile 0 (of every 4) only: the other m-tiles' pixels are never written
+    "mma_sync_epilogue_stores_one_tile": (
+        "const int mt = t + 4 * i;",
+        "const int mt = 4 * i;",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
+    ),
+    # the chooser ignores shared memory: a 99 KB GPU gets a kernel that asks for more
+    "chooser_ignores_shared_memory": (
+        "return device.sm >= r.min_sm && r.smem_bytes <= device.smem_optin;",
+        "return device.sm >= r.min_sm;",
+        [node("test_device_profiles_choose_and_compute_right", shape="A10G"),
+         "test_chooser_picks_only_kernels_each_arch_can_launch"],
+    ),
+    # emulate_device sets a profile that nothing reads
+    "emulation_ignored": (
+        "    if (emulating.load(std::memory_order_relaxed)) return emulated;\n",
+        "",
+        [node("test_device_profiles_choose_and_compute_right", shape="T4"),
+         "test_emulate_device_nests_restores_and_refuses_what_cannot_launch"],
     ),
 }
 

@@ -1,13 +1,13 @@
-"""Run ModelNew's CUDA backends on the full problem and on ragged shapes, for compute-sanitizer.
+"""Run ModelNew's CUDA cases (harness.CASES) on the full problem and on ragged shapes, for compute-sanitizer.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 tools/sanitize.py
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python3 tools/sanitize.py
-    python3 tools/sanitize.py cudnn_epilogue      # only the cases of the named backends
-    python3 tools/sanitize.py fused:strict_fp32 fused:bf16    # only those backend:precision cases
-    python3 tools/sanitize.py --ragged fused    # without the full-problem cases (racecheck takes minutes on those)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python3 tools/sanitize.py --ragged
+    python3 tools/sanitize.py kernel-sm80_bf16 fused-strict_fp32    # only these case keys
+    python3 tools/sanitize.py kernel                                # only the cases of a backend ("kernel": each kernel)
+    python3 tools/sanitize.py --ragged fused                        # without the full problem (racecheck takes minutes there)
 
 Without the caching allocator every tensor is its own allocation, so an out-of-bounds access cannot hide inside a
-pooled block. Each output is also checked against the torch backend.
+pooled block. Each output is also checked against the reference in its precision.
 """
 import os
 import sys
@@ -17,66 +17,52 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import harness  # noqa: E402
+import model_new  # noqa: E402
 import reference  # noqa: E402
 
 FULL = (reference.batch_size, reference.in_channels, reference.height, reference.width)
+# Ragged shapes per element size: two column blocks with ragged rows and columns (16-byte row loads), and a width that
+# is not a multiple of the vector (rows loaded element by element).
+RAGGED = {4: [(3, 16, 67, 300), (2, 16, 259, 130)], 2: [(3, 16, 67, 264), (2, 16, 259, 131)]}
+# The epilogue after cuDNN in the types no precision case has: float64, and an unbatched input (min over rows).
+EPILOGUE_EXTRAS = [((3, 16, 67, 300), torch.float64), ((2, 16, 35, 37), torch.float64), ((16, 67, 300), torch.float32)]
 
-# (backend, precision (a name in harness.PRECISIONS: its TF32 setting and tolerance), shape, dtype).
-CASES = [
-    ("fused", "tf32", (128, 16, 256, 256), torch.float32),  # the full problem: 16-byte row loads
-    ("fused", "tf32", (3, 16, 67, 300), torch.float32),  # two column blocks, ragged rows and columns
-    ("fused", "tf32", (2, 16, 259, 130), torch.float32),  # W % 4 != 0: rows loaded element by element
-    ("fused_mma_sync", "tf32", (128, 16, 256, 256), torch.float32),
-    ("fused_mma_sync", "tf32", (3, 16, 67, 300), torch.float32),
-    ("fused_mma_sync", "tf32", (2, 16, 259, 130), torch.float32),
-    ("fused", "strict_fp32", (128, 16, 256, 256), torch.float32),  # 3xTF32: both operand and weight copies in smem
-    ("fused", "strict_fp32", (3, 16, 67, 300), torch.float32),
-    ("fused", "strict_fp32", (2, 16, 259, 130), torch.float32),
-    ("fused", "bf16", (128, 16, 256, 256), torch.bfloat16),  # 16-byte row loads (W % 8 == 0)
-    ("fused", "bf16", (3, 16, 67, 264), torch.bfloat16),  # ragged, W % 8 == 0
-    ("fused", "bf16", (2, 16, 259, 130), torch.bfloat16),  # W % 8 != 0: rows loaded element by element
-    ("fused", "fp16", (128, 16, 256, 256), torch.float16),
-    ("fused", "fp16", (3, 16, 67, 264), torch.float16),
-    ("fused", "fp16", (2, 16, 259, 131), torch.float16),  # odd W
-    # the epilogue after cuDNN, each element type, vector (inner % (16 bytes) == 0) and scalar paths
-    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float32),
-    ("cudnn_epilogue", "tf32", (2, 16, 259, 130), torch.float32),
-    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float64),
-    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.float64),
-    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.float16),
-    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.float16),
-    ("cudnn_epilogue", "tf32", (3, 16, 67, 300), torch.bfloat16),
-    ("cudnn_epilogue", "tf32", (2, 16, 35, 37), torch.bfloat16),
-    ("cudnn_epilogue", "tf32", (16, 67, 300), torch.float32),  # unbatched: min over rows
-]
+
+def runs(args):
+    """(label, case, shape, dtype) in order, filtered by the arguments."""
+    ragged = "--ragged" in args
+    only = set(a for a in args if a != "--ragged")
+    for key, case in harness.CASES.items():
+        if case.backend == "fused_mma_sync" or (only and key not in only and case.backend not in only):
+            continue
+        dtype = harness.PRECISIONS[case.precision].dtype
+        shapes = ([] if ragged or case.backend == "cudnn_epilogue" else [FULL]) + RAGGED[dtype.itemsize]
+        for shape in shapes:
+            yield key, case, shape, dtype
+    if not only or "cudnn_epilogue" in only:
+        for shape, dtype in EPILOGUE_EXTRAS:
+            yield "cudnn_epilogue", harness.CASES["cudnn_epilogue-tf32"], shape, dtype
 
 
 def main():
     failures = 0
-    args = sys.argv[1:]
-    ragged = "--ragged" in args
-    only = set(a for a in args if a != "--ragged")
-    for backend, precision, shape, dtype in CASES:
-        if only and backend not in only and f"{backend}:{precision}" not in only:
+    for label, case, shape, dtype in runs(sys.argv[1:]):
+        if case.kernel is not None and not model_new.fused_kernel_launches(case.kernel):
+            print(f"{label}: not run, this GPU cannot launch it", flush=True)
             continue
-        if ragged and shape == FULL:
-            continue
-        torch.backends.cudnn.allow_tf32 = harness.PRECISIONS[precision].allow_tf32
-        _, new = harness.make_models(0, device="cuda", backend=backend)
-        new = new.to(dtype)
+        ref, fn = harness.case_model(case)
+        ref, fn.model = ref.to(dtype), fn.model.to(dtype)
         x = harness.make_input(shape, seed=1, device="cuda").to(dtype)
-        kernel = str(new.fused_kernel(x)) if backend != "cudnn_epilogue" else "-"
+        got = fn(x)
         with torch.no_grad():
-            got = new(x)
-            new.backend = "torch"
-            want = new(x)
+            want = ref(x)
         torch.cuda.synchronize()
-        low = dtype in (torch.float16, torch.bfloat16)
-        tol = harness.LOW_PRECISION_TOL if low else harness.PRECISIONS[precision].tol
+        tol = harness.PRECISIONS[case.precision].tol if dtype != torch.float64 else 1e-12
         ok, diff = harness.compare(got, want, atol=tol, rtol=tol)
         failures += not ok
-        print(f"{backend:14s} {kernel:12s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}",
-              flush=True)
+        kernel = case.kernel or str(fn.model.fused_kernel(x))
+        print(f"{label:24s} {kernel:16s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}", flush=True)
+    torch.backends.cudnn.allow_tf32 = True
     return 1 if failures else 0
 
 

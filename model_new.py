@@ -8,19 +8,21 @@ kernel, fake kernel, autograd) -> ModelNew.
 Backends (ModelNew.backend, or the `backend=` keyword):
   "fused"           one kernel: implicit-GEMM conv on tensor cores, bias, NaN-propagating min over the 64 output
                     channels, tanh, tanh in fp32, one rounding to the output dtype; the activation never reaches
-                    memory. 16->64 channels, 3x3, batched CUDA input. The precision follows the reference's:
-                    float32 with TF32 convs allowed -> TF32 with operands rounded to nearest, as cuDNN does (wgmma on
-                    sm_90, mma.sync on other sm_80+ GPUs); float32 without TF32 -> 3xTF32, accurate to fp32 (sm_90);
-                    bfloat16 / float16 -> that type on the tensor cores, fp32 accumulation (sm_90).
-                    FUSED_KERNELS lists the instantiations; ModelNew.fused_kernel(x) says which one a call runs.
-  "fused_mma_sync"  the TF32 kernel on mma.sync everywhere (the portable variant; kept for comparison).
+                    memory. 16->64 channels, 3x3, batched CUDA input, any sm_80+ GPU (wgmma on sm_90, mma.sync on
+                    the others). The precision follows the reference's: float32 with TF32 convs allowed -> TF32 with
+                    operands rounded to nearest, as cuDNN does; float32 without TF32 -> 3xTF32, accurate to fp32;
+                    bfloat16 / float16 -> that type on the tensor cores, fp32 accumulation. FUSED_TABLE lists the
+                    instantiations in the chooser's order; ModelNew.fused_kernel(x) says which one a call runs.
+  "fused_mma_sync"  the mma.sync kernel of the call's precision, on any sm_80+ GPU (the H200 included).
   "cudnn_epilogue"  cuDNN's conv through ATen (honours every torch.backends.cudnn setting) + one kernel for the min
                     over dim 1 and the two tanh, templated on float32, float64, float16 and bfloat16. ("card" is
                     an accepted alias, its former name.)
   "torch"           the reference math in torch ops (any device).
   "auto"            (default) decided per call by the table in resolve_backend() (C++): fused when a fused kernel
-                    computes the call as the reference would on this device (fused_kernel_for()); cudnn_epilogue
-                    for every other CUDA input; on the CPU the reference math.
+                    computes the call as the reference would and this GPU can launch it (fused_kernel_for(),
+                    choose_fused_kernel(): SM version, MMA, shared memory per block); cudnn_epilogue for every other
+                    CUDA input (and below sm_80); on the CPU the reference math. emulate_device() makes the chooser
+                    decide as on another GPU (a testing aid).
 
 The forward is one torch.library op, kb25::conv_min_tanh2(x, weight, bias, backend): CUDA kernel in C++, CPU
 kernel in torch ops, a fake kernel for tracing, and an autograd formula. torch.compile(fullgraph=True) and CUDA

@@ -30,7 +30,6 @@ graphs see that op. In eager mode, with nothing to record for autograd, ModelNew
 directly: the same C++ function, without the dispatcher's Python layers (a few microseconds per call).
 """
 import collections
-import contextlib
 import inspect
 
 import torch
@@ -206,18 +205,16 @@ __device__ __forceinline__ float round_to_tf32(float v) {
   return __uint_as_float(r);
 }
 
-// v = big + small for 3xTF32. big: v truncated to TF32 (never overflows; NaN stays NaN), so v - big is exact and has
-// v's sign; small: that remainder rounded to nearest, which keeps the sign. Where v is not finite small is 0, so an
-// infinite operand gives one infinite product, with v's sign, like the fp32 product it stands for.
+// v = big + small for 3xTF32, for inputs and weights alike. big: v truncated to TF32 (never overflows), or the
+// canonical NaN where v is NaN (a NaN whose payload sits only in the 13 low bits would read as infinity to a
+// tensor core that ignores them); v - big is then exact and has v's sign. small: that remainder rounded to nearest,
+// which keeps the sign; 0 where v is not finite, so an infinite operand gives one infinite product, with v's sign,
+// like the fp32 product it stands for. A value that TF32 holds exactly has no small part, and a zero there would
+// turn an infinite other operand into 0 * inf = NaN in a small product: the least normal float of v's sign takes
+// its place, which keeps that product infinite with the right sign and adds nothing measurable to finite ones.
 __device__ __forceinline__ void split_tf32(float v, float& big, float& small) {
-  big = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : v;
+  big = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);
   small = isfinite(v) ? round_to_tf32(v - big) : 0.f;
-}
-// The same for a weight. A weight that TF32 holds exactly has no small part; a zero there would turn an infinite
-// input into 0 * inf = NaN. The least normal float of the weight's sign keeps that product infinite, with the right
-// sign, and adds nothing measurable to finite ones.
-__device__ __forceinline__ void split_tf32_weight(float v, float& big, float& small) {
-  split_tf32(v, big, small);
   if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
 }
 
@@ -237,7 +234,7 @@ __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
 // ================================================================ precisions (multiply-add tags)
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
 // tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for an input or
-// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split / split_weight) and keep
+// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split) and keep
 // the two small products in an accumulator of their own. Where the split happens is the mainloop's choice: on the
 // way into shared memory when the MMA reads its operands there (wgmma: two operand copies per slot), or in
 // registers after the fragment load (mma.sync: one raw copy, as TF32 has).
@@ -253,7 +250,6 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
   static constexpr bool kSplit = true;
   __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
   __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
-  __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
 };
 struct Bf16 {  // operands as they come, fp32 accumulation
   using Elem = __nv_bfloat16;
@@ -645,9 +641,11 @@ struct RowProducer {
 };
 
 // ================================================================ mainloops (MMA policies)
-// Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW)
-// sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows oy..oy+2;
-// finish(acc) waits for them. wgmma runs between the two, while the consumer writes its previous step.
+// Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
+// release_oldest) sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows
+// oy..oy+2; finish(acc, release_oldest) waits for them. Each calls release_oldest() once per step, as soon as the
+// window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between the two,
+// while the consumer writes its previous step; mma.sync has issued everything when start() returns.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -699,7 +697,7 @@ struct WgmmaMainloop {
                      kk % kGC;
       if constexpr (kSplit) {
         float big, small;
-        Precision::split_weight(v, big, small);
+        Precision::split(v, big, small);
         a[at] = big;
         a[at + kWeightBytes / 4] = small;
       } else {
@@ -820,7 +818,7 @@ struct MmaSyncMainloop {
       const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
       if constexpr (kSplit) {
         float big, small;
-        Precision::split_weight(v, big, small);
+        Precision::split(v, big, small);
         wdst[i] = big;
         wdst[i + kWeightWords] = small;
       } else {
@@ -897,7 +895,8 @@ struct MmaSyncMainloop {
           }
         }
       }
-      // The MMAs of the last k-step that reads row 0 are issued, so their ldmatrix results have arrived.
+      // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
+      // arrive releases at CTA scope: the producer, which acquires it, cannot overwrite the slot before those reads.
       if (tap == 2) release_oldest();
     }
     if constexpr (kSplit) {
@@ -1189,8 +1188,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       typename Traits::Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid);
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
-      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight, so the
-      // tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
+      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
+      // so the tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
       typename Traits::Epilogue::Partial pending;
       Elem* pending_row = nullptr;
       int pending_col0 = 0;
@@ -1280,6 +1279,7 @@ __global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restr
 }  // namespace kb25
 
 // ================================================================ launchers (raw pointers, current stream)
+#include <atomic>
 #include <mutex>
 
 namespace kb25 {
@@ -1288,11 +1288,10 @@ struct FusedRequirements {
   int min_sm;  // major * 10 + minor
   bool wgmma;  // sm_90 exactly, code built for sm_90a
   int smem_bytes;
-  int threads;
 };
 template <class Traits>
 constexpr FusedRequirements requirements_of() {
-  return {Traits::kUsesWgmma ? 90 : 80, Traits::kUsesWgmma, Traits::kSmemBytes, Traits::kThreads};
+  return {Traits::kUsesWgmma ? 90 : 80, Traits::kUsesWgmma, Traits::kSmemBytes};
 }
 }  // namespace kb25
 
@@ -1311,19 +1310,22 @@ static cudaError_t launch_fused(const void* x, const void* w, const void* b, voi
   if (steps <= 0) return cudaSuccess;
   const auto kernel = kb25::conv3x3_min_tanh2_kernel<Traits>;
   // Opting in to more than 48 KB of shared memory is per device and sticks: once per device and kernel, by the
-  // first thread that launches it there (call_once: other threads wait for it).
+  // first thread that launches it there (the others wait at the mutex); a failed opt-in is tried again next time.
   constexpr int kMaxDevices = 64;
-  static std::once_flag opted_in[kMaxDevices];
-  static cudaError_t opt_in_error[kMaxDevices];
+  static std::atomic<bool> opted_in[kMaxDevices];
+  static std::mutex opt_in_mutex;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   auto opt_in = [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes); };
-  if (device < kMaxDevices) {
-    std::call_once(opted_in[device], [&] { opt_in_error[device] = opt_in(); });
-    err = opt_in_error[device];
-  } else {
+  if (device >= kMaxDevices) {
     err = opt_in();
+  } else if (!opted_in[device].load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(opt_in_mutex);
+    if (!opted_in[device].load(std::memory_order_relaxed)) {
+      err = opt_in();
+      if (err == cudaSuccess) opted_in[device].store(true, std::memory_order_release);
+    }
   }
   if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
@@ -1538,12 +1540,17 @@ void set_device_emulation(int64_t major, int64_t minor, int64_t smem_optin) {
   TORCH_CHECK_VALUE(smem_optin > 0 && smem_optin <= real.smem_optin,
                     "emulate_device expects smem_optin of 1.." + num(real.smem_optin) +
                         " bytes (this GPU's limit: what it chooses must launch here), got " + num(smem_optin));
-  const bool wgmma = major == 9 && minor == 0;
-  TORCH_CHECK_VALUE(!wgmma || real.wgmma_built,
-                    "emulate_device(capability=(9, 0)) needs an sm_90 GPU with this build's sm_90a code (wgmma), "
-                    "got " + profile_str(real));
+  const kb25::DeviceProfile profile{(int)(major * 10 + minor), (int)smem_optin, major == 9 && minor == 0};
+  // Whatever the chooser may pick for the emulated GPU must launch on this one (a kernel compiled out below sm_80,
+  // a wgmma kernel off sm_90, more shared memory than it has would not).
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
+    TORCH_CHECK_VALUE(!fused_kernel_fits(k, profile) || fused_kernel_fits(k, real),
+                      "emulate_device(capability=(" + num(major) + ", " + num(minor) + "), smem_optin=" +
+                          num(smem_optin) + ") could choose " + kb25::kFusedKernelNames[k] +
+                          ", which this GPU cannot launch: it is " + profile_str(real));
+  }
   const std::lock_guard<std::mutex> lock(emulation_mutex);
-  emulated = kb25::DeviceProfile{(int)(major * 10 + minor), (int)smem_optin, wgmma};
+  emulated = profile;
   emulating.store(true, std::memory_order_release);
 }
 
@@ -1918,9 +1925,10 @@ class emulate_device:
     """A testing aid: inside `with emulate_device(capability=(8, 6), smem_optin=101376):` the chooser (backend
     "auto", ModelNew.fused_kernel, ModelNew.resolve_backend, fused_mma_kind) decides as it would on a GPU of that
     compute capability whose blocks may opt in to that much shared memory, and the calls run on the real GPU. It
-    may only narrow the real GPU (less shared memory; wgmma only where the GPU has it), so that everything chosen
-    launches here: an H200 runs every mma.sync kernel and so stands in for every GPU from sm_75 (where nothing
-    fused runs) up. Process-wide, not per thread (autograd's backward threads follow it); nests."""
+    may only narrow the real GPU: whatever the chooser could pick for the emulated one must launch here (no more
+    shared memory than this GPU has, nothing fused on a GPU below sm_80, wgmma only on sm_90), else it is refused.
+    An H200 runs every mma.sync kernel and so stands in for every GPU from sm_75 (where nothing fused runs) up. Process-wide, not per thread (autograd's backward threads follow it); nests, entered and left
+    from one thread at a time. The profile is checked against the current device and applies to every device."""
 
     def __init__(self, capability, smem_optin):
         if (not isinstance(capability, tuple) or len(capability) != 2

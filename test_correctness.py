@@ -633,10 +633,15 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
         harness.l2_flush_buffer("cpu")
 
 
-def _first_launchable(precision, mma_sync_only=False):
-    """The first FUSED_TABLE kernel of a precision that this GPU launches (the chooser's order), or None."""
-    return next((k.name for k in model_new.FUSED_TABLE if k.precision == precision and model_new.fused_kernel_launches(
-        k.name) and not (mma_sync_only and k.mma == "wgmma")), None)
+def _expected_kernel(precision, mma_sync_only=False):
+    """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
+    else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 108.9 KB."""
+    if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
+        return {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}[precision]
+    if precision == "strict_fp32":
+        big = torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 108864
+        return "sm80_tf32x3" if big else "sm80_tf32x3_99k"
+    return {"tf32": "sm80_tf32", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
 
 
 @needs_cuda
@@ -649,26 +654,25 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
     assert new.resolve_backend(x) == "fused"
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert model_new.fused_mma_kind() == ("wgmma" if hopper else "mma_sync")
-    assert new.fused_kernel(x) == _first_launchable("tf32") == ("sm90_tf32" if hopper else "sm80_tf32")
+    assert new.fused_kernel(x) == _expected_kernel("tf32")
     assert new.resolve_backend(x[0]) == "cudnn_epilogue"  # unbatched: the min runs over rows
     assert new.fused_kernel(x[0]) is None
     torch.backends.cudnn.allow_tf32 = False
     assert new.resolve_backend(x) == "fused"
-    assert new.fused_kernel(x) == _first_launchable("strict_fp32")
-    assert model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(new.fused_kernel(x))].precision == "strict_fp32"
+    assert new.fused_kernel(x) == _expected_kernel("strict_fp32")
     new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: 3xTF32, never plain TF32
-    assert new.fused_kernel(x) == _first_launchable("strict_fp32", mma_sync_only=True) == "sm80_tf32x3"
+    assert new.fused_kernel(x) == _expected_kernel("strict_fp32", mma_sync_only=True)
     new.backend = "auto"
     torch.backends.cudnn.allow_tf32 = True
     saved_enabled = torch.backends.cudnn.enabled
     torch.backends.cudnn.enabled = False  # the native conv runs in plain fp32
-    assert new.fused_kernel(x) == _first_launchable("strict_fp32")
+    assert new.fused_kernel(x) == _expected_kernel("strict_fp32")
     torch.backends.cudnn.enabled = saved_enabled
     conv_settings = getattr(torch.backends.cudnn, "conv", None)
     if conv_settings is not None and hasattr(conv_settings, "fp32_precision"):
         saved = conv_settings.fp32_precision
         conv_settings.fp32_precision = "ieee"
-        assert new.fused_kernel(x) == _first_launchable("strict_fp32")
+        assert new.fused_kernel(x) == _expected_kernel("strict_fp32")
         conv_settings.fp32_precision = saved
     assert new.resolve_backend(x) == "fused"
     new.backend = "fused_mma_sync"
@@ -677,7 +681,7 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
     for dtype, mode in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         new.to(dtype)
         assert new.resolve_backend(x.to(dtype)) == "fused"
-        assert new.fused_kernel(x.to(dtype)) == _first_launchable(mode) == (f"sm90_{mode}" if hopper else f"sm80_{mode}")
+        assert new.fused_kernel(x.to(dtype)) == _expected_kernel(mode)
         new.backend = "fused_mma_sync"
         assert new.fused_kernel(x.to(dtype)) == f"sm80_{mode}"
         new.backend = "auto"
@@ -776,7 +780,7 @@ def test_emulate_device_nests_restores_and_refuses_what_cannot_launch(tf32_defau
         with model_new.emulate_device(capability=(8, 0), smem_optin=too_much):
             pass
     if torch.cuda.get_device_capability() != (9, 0):
-        with pytest.raises(ValueError, match=r"capability=\(9, 0\)\) needs an sm_90 GPU"):
+        with pytest.raises(ValueError, match=r"could choose sm90_\w+, which this GPU cannot launch"):
             with harness.emulated("H100"):
                 pass
     assert new.fused_kernel(x) == real  # a refused emulation leaves nothing behind
@@ -947,6 +951,23 @@ def test_strict_fp32_infinite_input_with_tf32_exact_weights(key, tf32_default):
     x[0, 3, 5, 7] = x[1, 10, 12, 20] = x[1, 0, 0, 0] = float("inf")
     want, got = _run(ref, x), fn(x)
     assert not torch.isnan(want).any() and (want == float(torch.tanh(torch.tanh(torch.tensor(-float("inf")))))).any()
+    _check_output(got, want, x, ref, case.backend, case.precision)
+
+
+@needs_cuda
+@pytest.mark.parametrize("key", STRICT_KEYS)
+def test_strict_fp32_infinite_weight_with_tf32_exact_inputs(key, tf32_default):
+    """The same the other way round: every input TF32-exact (no small part) and one weight -inf. The reference's
+    channel then holds -inf wherever its input is positive (its min is -inf there), NaN where it is 0; a zero small
+    input part would make small(x) * big(w) = 0 * inf = NaN everywhere in that channel."""
+    case, ref, fn, dtype = _case(key, 37)
+    with torch.no_grad():
+        for m in (ref, fn.model):
+            m.conv.weight[5, 3, 1, 2] = -float("inf")
+    x = harness.round_tf32(make_input((2, 16, 20, 30), seed=13, device="cuda"))
+    want, got = _run(ref, x), fn(x)
+    assert (want == float(torch.tanh(torch.tanh(torch.tensor(-float("inf")))))).float().mean() > 0.9
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
     _check_output(got, want, x, ref, case.backend, case.precision)
 
 

@@ -205,17 +205,28 @@ __device__ __forceinline__ float round_to_tf32(float v) {
   return __uint_as_float(r);
 }
 
-// v = big + small for 3xTF32, for inputs and weights alike. big: v truncated to TF32 (never overflows), or the
-// canonical NaN where v is NaN (a NaN whose payload sits only in the 13 low bits would read as infinity to a
-// tensor core that ignores them); v - big is then exact and has v's sign. small: that remainder rounded to nearest,
-// which keeps the sign; 0 where v is not finite, so an infinite operand gives one infinite product, with v's sign,
-// like the fp32 product it stands for. A value that TF32 holds exactly has no small part, and a zero there would
-// turn an infinite other operand into 0 * inf = NaN in a small product: the least normal float of v's sign takes
-// its place, which keeps that product infinite with the right sign and adds nothing measurable to finite ones.
+// v = big + small for 3xTF32. big: v truncated to TF32 (never overflows), or the canonical NaN where v is NaN (a NaN
+// whose payload sits only in the 13 low bits would read as infinity to a tensor core that ignores them); v - big is
+// then exact and has v's sign. small: that remainder rounded to nearest, which keeps the sign; 0 where v is not
+// finite.
 __device__ __forceinline__ void split_tf32(float v, float& big, float& small) {
   big = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);
   small = isfinite(v) ? round_to_tf32(v - big) : 0.f;
-  if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);
+}
+// A weight, split so that none of the three products is 0 * inf where the fp32 product w * x is not NaN (done once
+// per CTA, when the weights are staged, so the inputs' split in the hot loop stays plain):
+// - w that TF32 holds exactly (small 0): small becomes the least normal float of w's sign, so small(w) * big(x)
+//   carries an infinite x with the right sign, and adds nothing measurable to finite products;
+// - infinite w: big becomes the largest TF32 value of w's sign and small = w, so small(x) * big(w) is finite for
+//   every finite x (0 where x is TF32-exact), and small(w) * big(x) carries the infinity (NaN where x is 0, as w * x).
+__device__ __forceinline__ void split_tf32_weight(float v, float& big, float& small) {
+  split_tf32(v, big, small);
+  if (isinf(v)) {
+    big = copysignf(__uint_as_float(0x7F7FE000u), v);
+    small = v;
+  } else if (small == 0.f && big != 0.f) {
+    small = copysignf(1.17549435e-38f, big);
+  }
 }
 
 // torch.min semantics: NaN wins (fminf would drop it). min.NaN needs sm_80; the select does the same before it.
@@ -234,7 +245,7 @@ __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
 // ================================================================ precisions (multiply-add tags)
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
 // tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for an input or
-// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split) and keep
+// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split, split_weight) and keep
 // the two small products in an accumulator of their own. Where the split happens is the mainloop's choice: on the
 // way into shared memory when the MMA reads its operands there (wgmma: two operand copies per slot), or in
 // registers after the fragment load (mma.sync: one raw copy, as TF32 has).
@@ -250,6 +261,7 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
   static constexpr bool kSplit = true;
   __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
   __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
+  __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
 };
 struct Bf16 {  // operands as they come, fp32 accumulation
   using Elem = __nv_bfloat16;
@@ -697,7 +709,7 @@ struct WgmmaMainloop {
                      kk % kGC;
       if constexpr (kSplit) {
         float big, small;
-        Precision::split(v, big, small);
+        Precision::split_weight(v, big, small);
         a[at] = big;
         a[at + kWeightBytes / 4] = small;
       } else {
@@ -818,7 +830,7 @@ struct MmaSyncMainloop {
       const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
       if constexpr (kSplit) {
         float big, small;
-        Precision::split(v, big, small);
+        Precision::split_weight(v, big, small);
         wdst[i] = big;
         wdst[i + kWeightWords] = small;
       } else {

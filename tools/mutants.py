@@ -105,13 +105,23 @@ MUTANTS = {
         "if (s != begin) epilogue.write(pending, out + (at.n * OH + at.oy) * (int64_t)OW, col0, OW);",
         ["test_full_size_matches_reference[0]"],
     ),
-    # a value that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
+    # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
     "strict_inf_times_zero": (
-        "if (small == 0.f && big != 0.f) small = copysignf(1.17549435e-38f, big);",
-        "",
+        """  } else if (small == 0.f && big != 0.f) {
+    small = copysignf(1.17549435e-38f, big);
+  }""",
+        "  }",
         [node("test_strict_fp32_infinite_input_with_tf32_exact_weights", "fused-strict_fp32"),
-         node("test_strict_fp32_infinite_input_with_tf32_exact_weights", "kernel-sm80_tf32x3"),
-         node("test_strict_fp32_infinite_weight_with_tf32_exact_inputs", "fused-strict_fp32"),
+         node("test_strict_fp32_infinite_input_with_tf32_exact_weights", "kernel-sm80_tf32x3")],
+    ),
+    # an infinite weight stays in its big part: small(x) * inf = 0 * inf = NaN for every TF32-exact input
+    "strict_infinite_weight_in_big": (
+        """  if (isinf(v)) {
+    big = copysignf(__uint_as_float(0x7F7FE000u), v);
+    small = v;
+  } else if""",
+        "  if (false) {\n  } else if",
+        [node("test_strict_fp32_infinite_weight_with_tf32_exact_inputs", "fused-strict_fp32"),
          node("test_strict_fp32_infinite_weight_with_tf32_exact_inputs", "kernel-sm80_tf32x3")],
     ),
     # mma.sync's ldmatrix rows: lanes 8-15 address the next channel group instead of pixels 8-15

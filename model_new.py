@@ -443,8 +443,9 @@ struct RowRing {
 // threads take consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i),
 // so a quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
 // registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
-// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding, or the 3xTF32 split into copy 0 (big)
-// and copy 1 (small)) and writes one 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
+// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big)
+// and copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one
+// 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
 // lanes, so each lane writes its columns in another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32
 // starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj,
 // with its two groups 4 columns apart modulo 8 (kPitchCols), the column's half of a word picked by the byte

@@ -1120,15 +1120,15 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory: more than any GPU gives a block");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
-  // accumulators; the weights stay in shared memory), or a producer thread (one row's items in flight), plus about
-  // 24 for addresses and loop state must fit. ptxas reports the real count and a CPU test requires no spills.
+  // accumulators and the fragments of one k-step; the weights stay in shared memory) plus about 16, or a producer
+  // thread (one row's items in flight) plus about 24, for addresses and loop state must fit. ptxas reports the real count and a CPU test requires no spills.
   static constexpr int kRegisterBudget = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
   static_assert(Mainloop::kRegisters + 16 <= kRegisterBudget, "register budget of a consumer");
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
-// The instantiations, generated from FUSED_TABLE in model_new.py (name, MMA, precision, tile columns, consumers, ring
-// slots): a `using` line each.
+// The instantiations, generated from FUSED_TABLE in model_new.py (name, MMA, precision, tile columns, consumers,
+// producer warps, ring slots): a `using` line each.
 @FUSED_INSTANTIATIONS@
 
 // ================================================================ the kernel
@@ -1940,8 +1940,9 @@ class emulate_device:
     compute capability whose blocks may opt in to that much shared memory, and the calls run on the real GPU. It
     may only narrow the real GPU: whatever the chooser could pick for the emulated one must launch here (no more
     shared memory than this GPU has, nothing fused on a GPU below sm_80, wgmma only on sm_90), else it is refused.
-    An H200 runs every mma.sync kernel and so stands in for every GPU from sm_75 (where nothing fused runs) up. Process-wide, not per thread (autograd's backward threads follow it); nests, entered and left
-    from one thread at a time. The profile is checked against the current device and applies to every device."""
+    An H200 runs every mma.sync kernel and so stands in for every GPU from sm_75 (where nothing fused runs) up.
+    Process-wide, not per thread (autograd's backward threads follow it); nests, entered and left from one thread at
+    a time. The profile is checked against the current device and applies to every device."""
 
     def __init__(self, capability, smem_optin):
         if (not isinstance(capability, tuple) or len(capability) != 2

@@ -53,6 +53,9 @@ Case = collections.namedtuple("Case", "key backend precision kernel")
 def cases():
     import model_new
 
+    if tuple(PRECISIONS) != model_new.PRECISIONS:  # the kernel table names precisions by model_new's names
+        raise ValueError(f"harness.PRECISIONS expects model_new.PRECISIONS {model_new.PRECISIONS}, got "
+                         f"{tuple(PRECISIONS)}")
     backends = [b for b in model_new.OP_BACKENDS if b != "auto"]
     out = [Case(f"{b}-{p}", b, p, None) for b in backends for p in PRECISIONS]
     out += [Case(f"kernel-{k.name}", "kernel", k.precision, k.name) for k in model_new.FUSED_TABLE]

@@ -502,6 +502,34 @@ def test_every_mutant_edits_the_current_source():
         assert original != mutated and tests
 
 
+@pytest.mark.parametrize("args, exc, pattern", [
+    (((8,), 1024), TypeError, r"capability=\(major, minor\) as two ints, got \(8,\)"),
+    (((8, 6.0), 1024), TypeError, r"as two ints, got \(8, 6\.0\)"),
+    (((8, True), 1024), TypeError, r"as two ints, got \(8, True\)"),
+    (("8.6", 1024), TypeError, r"as two ints, got '8\.6'"),
+    (((8, 6), 99.0), TypeError, r"smem_optin as an int \(bytes\), got 99\.0"),
+])
+def test_emulate_device_refuses_malformed_profiles(args, exc, pattern):
+    """Checked in Python before anything reaches the extension, on every machine."""
+    with pytest.raises(exc, match=pattern):
+        model_new.emulate_device(*args)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message given where no extension is built")
+def test_emulate_device_without_the_extension_says_so():
+    with pytest.raises(RuntimeError, match="emulate_device needs the CUDA extension"):
+        model_new.emulate_device(capability=(8, 6), smem_optin=101376)
+
+
+def test_harness_precisions_are_model_news():
+    """The cases table joins harness.PRECISIONS (tolerances) with FUSED_TABLE (precision names): one list of names."""
+    assert tuple(harness.PRECISIONS) == model_new.PRECISIONS
+    assert {k.precision for k in model_new.FUSED_TABLE} == set(model_new.PRECISIONS)
+    assert set(model_new.PRECISION_TAGS) == set(model_new.PRECISIONS)
+    kernel_cases = {c.kernel for c in harness.CASES.values() if c.backend == "kernel"}
+    assert kernel_cases == set(model_new.FUSED_KERNELS)
+
+
 def test_import_without_cuda_builds_nothing_and_runs_on_the_cpu():
     """In a process that sees no GPU, importing model_new compiles nothing and the CPU path still matches."""
     code = ("import torch, model_new, harness; assert not torch.cuda.is_available(); "

@@ -249,8 +249,7 @@ def bench_portability(args, init, shape):
                 with torch.no_grad():
                     problems[precision] = (x, ref(x))
             x, want = problems[precision]
-            with model_new.emulate_device(capability=profile.capability, smem_optin=profile.smem_optin), \
-                    torch.no_grad():
+            with harness.emulated(name), torch.no_grad():
                 kernel = new.fused_kernel(x)
                 ok, diff = harness.compare(new(x), want, atol=spec.tol, rtol=spec.tol)
                 times = harness.time_cuda(lambda: new(x), trials=args.trials, warmup=args.warmup)

@@ -44,9 +44,9 @@ def emulated(profile):
     return model_new.emulate_device(capability=capability, smem_optin=smem_optin)
 
 
-# The CUDA cases the tests, tools/sanitize.py, tools/mutants.py and bench.py share, by key: every CUDA backend in every
-# precision ("<backend>-<precision>": what the backend picks on this GPU), and every fused kernel by name
-# ("kernel-<name>": that instantiation, where this GPU can launch it), from model_new's tables.
+# The CUDA cases the tests, tools/sanitize.py, tools/run_once.py, tools/kernel_sweep.py and tools/mutants.py share, by
+# key: every CUDA backend in every precision ("<backend>-<precision>": what the backend picks on this GPU), and every
+# fused kernel by name ("kernel-<name>": that instantiation, where this GPU can launch it), from model_new's tables.
 Case = collections.namedtuple("Case", "key backend precision kernel")
 
 

@@ -133,6 +133,45 @@ def float64_forward(x, weight, bias, operands=None):
         return model(x.double())
 
 
+def float64_grads(x, weight, bias, grad_out):
+    """The truth's gradients: reference.Model in float64 (inputs and the output's gradient widened), by autograd.
+    (x, weight, bias) gradients."""
+    c_out, c_in, k = weight.shape[0], weight.shape[1], weight.shape[2]
+    model = reference.Model(c_in, c_out, k).to(device=x.device, dtype=torch.float64)
+    with torch.no_grad():
+        model.conv.weight.copy_(weight)
+        model.conv.bias.copy_(bias)
+    x64 = x.detach().double().requires_grad_(True)
+    model(x64).backward(grad_out.double())
+    return x64.grad, model.conv.weight.grad, model.conv.bias.grad
+
+
+def routed_float64_grads(x, weight, argmin, pre_min, grad_out):
+    """The reference's backward chain in float64 through a given argmin and pre-tanh min (one per output pixel, as
+    the fused forward saves them): the two tanh_backward steps at that min, the gradient scattered to that channel
+    only, the conv's backward (dense, so 0 * inf is NaN as in the reference). (x, weight, bias) gradients."""
+    m = pre_min.double()
+    t1 = torch.tanh(m)
+    t2 = torch.tanh(t1)
+    gm = grad_out.double() * (1 - t2 * t2) * (1 - t1 * t1)
+    n, _, oh, ow = grad_out.shape
+    grad_y = torch.zeros(n, weight.shape[0], oh, ow, dtype=torch.float64, device=x.device)
+    grad_y.scatter_(1, argmin.long(), gm)
+    return torch.ops.aten.convolution_backward(grad_y, x.double(), weight.double(), [weight.shape[0]], [1, 1], [0, 0],
+                                               [1, 1], False, [0, 0], 1, [True, True, True])
+
+
+def relative_error(got, truth):
+    """||got - truth|| / ||truth|| in float64 over the finite entries of truth; inf where the NaN patterns differ."""
+    got, truth = got.double(), truth.double()
+    if not torch.equal(torch.isnan(got), torch.isnan(truth)):
+        return float("inf")
+    finite = torch.isfinite(truth)
+    diff = (got[finite] - truth[finite]).norm().item()
+    scale = truth[finite].norm().item()
+    return diff / scale if scale > 0 else diff
+
+
 def coherent_tf32_rounding_case(seed, shape=(2, 16, 24, 24), c_out=64, k=3):
     """(x, weight, bias) on which TF32 operand rounding errors add up instead of cancelling: every x of input
     channel c sits 0.45 of a TF32 step from a TF32 value, on the side given by s_c = +-1, and every weight of that

@@ -126,6 +126,38 @@ def test_cpu_low_precision_models(dtype):
     assert compare(got, want, atol=LOW_PRECISION_TOL, rtol=LOW_PRECISION_TOL)[0]
 
 
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_cpu_autocast_behaves_as_the_reference(dtype):
+    """Under torch.autocast("cpu", dtype), ModelNew's op casts its arguments as conv2d's are cast: the reference's
+    dtype and values, with grad and without, and float32 gradients for the float32 parameters."""
+    ref, new = make_models(8)
+    x = make_input((2, 16, 9, 11), seed=6)
+    for grad in (False, True):
+        with torch.autocast("cpu", dtype=dtype), torch.set_grad_enabled(grad):
+            got, want = new(x), ref(x)
+        assert got.dtype == want.dtype == dtype
+        assert torch.equal(got, want)
+    got.float().sum().backward()
+    want.float().sum().backward()
+    assert new.conv.weight.grad.dtype == torch.float32
+    assert torch.equal(new.conv.weight.grad, ref.conv.weight.grad)
+
+
+def test_cpu_saving_op_saves_nothing_and_recomputes():
+    """On the CPU the op ModelNew records for autograd saves no argmin (empty tensors) and its backward recomputes
+    the reference's chain; its fake kernel agrees on the shapes."""
+    ref, _ = make_models(9)
+    w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
+    x = make_input((2, 16, 7, 9), seed=2)
+    out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    assert torch.equal(out, model_new.reference_math(x, w, b))
+    assert argmin.numel() == 0 and argmin.dtype == torch.uint8 and pre_min.numel() == 0
+    assert not model_new.saves_argmin(x, w)
+    results = torch.library.opcheck(model_new.conv_min_tanh2_with_argmin,
+                                    tuple(t.clone().requires_grad_(True) for t in (x, w, b)) + (AUTO,))
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
 @pytest.mark.parametrize("shape", [(2, 16, 9, 9), (16, 9, 7)])
 def test_cpu_autograd_matches_reference(shape):
     ref, new = make_models(5)
@@ -192,8 +224,8 @@ def test_backend_setting_is_validated():
         new.backend = "fast"
     with pytest.raises(ValueError, match="backend must be one of"):
         make_models(0, backend="cuda")
-    new.backend = "card"  # the former name of cudnn_epilogue
-    assert new.backend == "cudnn_epilogue"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        new.backend = "card"  # a former name of cudnn_epilogue, no longer accepted
     for backend in ("fused", "fused_mma_sync", "cudnn_epilogue"):
         new.backend = backend
         with pytest.raises(ValueError, match=f"backend '{backend}' needs CUDA input, got cpu"):
@@ -363,16 +395,21 @@ def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch):
     report = _ptxas_report(tmp_path, arch)
     kernels = _ptxas_kernels(report)
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
-    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(kernels)  # each table row, once
+    # each table row, once for inference and once saving the argmin for the backward
+    assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
+    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel"):  # every arch, 3 dtypes
+        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
         runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
         # A kernel compiled in holds its accumulators in registers (64 channels x tile columns over the 128 threads of
         # a consumer, twice for 3xTF32); one compiled out is an empty body.
         acc = 64 * row.tile_cols // 128 * (2 if row.precision == "strict_fp32" else 1)
-        assert (regs[row.name] >= acc) if runs_here else (regs[row.name] < 16), (arch, row.name, fused[row.name])
+        for save in (False, True):
+            key = (row.name, save)
+            assert (regs[key] >= acc) if runs_here else (regs[key] < 16), (arch, key, fused[key])
     if arch == "90a":
         # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
         # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
@@ -380,16 +417,16 @@ def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch):
 
 
 def _instantiation(mangled):
-    """FUSED_TABLE name of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision, tile columns,
-    consumers, producer warps, ring>>."""
-    m = re.search(r"MmaKindE(\d)ENS_\d+(\w+?)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", mangled)
+    """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision,
+    tile columns, consumers, producer warps, ring>, kSave>."""
+    m = re.search(r"MmaKindE(\d)ENS_\d+(\w+?)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EEELb([01])E", mangled)
     mma = {"0": "mma_sync", "1": "wgmma"}[m.group(1)]
     precision = {v: k for k, v in model_new.PRECISION_TAGS.items()}[m.group(2)]
     shape = tuple(int(m.group(i)) for i in range(3, 7))
     names = [k.name for k in model_new.FUSED_TABLE if (k.mma, k.precision) == (mma, precision)
              and (k.tile_cols, k.consumers, k.producer_warps, k.ring) == shape]
     assert len(names) == 1, (mangled, names)
-    return names[0]
+    return names[0], m.group(7) == "1"
 
 
 # The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).
@@ -1068,18 +1105,24 @@ def test_offsets_past_2_pow_31(key, tf32_default):
 @needs_cuda
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 def test_autograd_on_gpu(backend, tf32_default):
+    """Each backend's forward with grad gives its inference output, and the gradients are the float64 chain's through
+    the argmin it saved (cudnn_epilogue: torch.min's own)."""
     ref, new = _cuda_models(14, backend=backend)
-    x = make_input((2, 16, 20, 24), seed=9, device="cuda").requires_grad_(True)
-    x2 = x.detach().clone().requires_grad_(True)
-    out_ref, out_new = ref(x), new(x2)
+    x = make_input((2, 16, 20, 24), seed=9, device="cuda")
+    x2 = x.clone().requires_grad_(True)
+    out_ref, out_new = _run(ref, x), new(x2)
     assert out_new.requires_grad
-    _check_output(out_new.detach(), out_ref.detach(), x.detach(), ref, backend)
+    assert torch.equal(out_new.detach(), _run(new, x))
+    _check_output(out_new.detach(), out_ref, x, ref, backend)
     grad_out = torch.randn_like(out_ref)
-    out_ref.backward(grad_out)
     out_new.backward(grad_out)
-    assert torch.allclose(x.grad, x2.grad, atol=1e-5, rtol=1e-4)
-    assert torch.allclose(ref.conv.weight.grad, new.conv.weight.grad, atol=1e-4, rtol=1e-4)
-    assert torch.allclose(ref.conv.bias.grad, new.conv.bias.grad, atol=1e-4, rtol=1e-4)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, model_new.OP_BACKENDS.index(backend))
+    if backend == "cudnn_epilogue":
+        assert torch.equal(argmin.long(), torch.conv2d(x, w, b).argmin(1, keepdim=True))
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, grad_out)
+    for name, got, truth in zip("xwb", (x2.grad, new.conv.weight.grad, new.conv.bias.grad), want):
+        assert harness.relative_error(got, truth) <= 1e-5, name
 
 
 @needs_cuda
@@ -1141,10 +1184,234 @@ def test_sass_uses_tensor_cores_without_local_memory():
     sass = subprocess.run([cuobjdump, "--dump-sass", lib], capture_output=True, text=True, timeout=300).stdout
     functions = {f.split()[0]: f for f in re.split(r"\n\s*Function : ", sass)[1:]}
     fused = {_instantiation(name): f for name, f in functions.items() if "conv3x3_min_tanh2_kernel" in name}
-    assert sorted(fused) == sorted(model_new.FUSED_KERNELS), list(functions)
-    for row in model_new.FUSED_TABLE:
+    assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(functions)
+    for (name, save), f in fused.items():
+        row = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)]
         if row.mma == "mma_sync":
-            assert "HMMA" in fused[row.name] and "LDSM" in fused[row.name], f"{row.name}: no HMMA or ldmatrix"
+            assert "HMMA" in f and "LDSM" in f, f"{name} (save {save}): no HMMA or ldmatrix"
         elif torch.cuda.get_device_capability() == (9, 0):
-            assert "HGMMA" in fused[row.name], f"the {row.name} kernel has no HGMMA"
+            assert "HGMMA" in f, f"the {name} kernel (save {save}) has no HGMMA"
     assert not re.search(r"\b(LDL|STL)\b", sass), "a kernel uses local memory"
+
+
+# ================================================================================================ training
+# The backward from the saved argmin (kb25::conv_min_tanh2_with_argmin, kb25::conv_min_tanh2_backward), on every kind
+# of GPU through emulate_device: H100 runs the wgmma kernels' saving variants, A100 the mma.sync ones, A10G the 99 KB
+# strict one, T4 cuDNN + torch.min's argmin. Every profile runs the same backward kernels.
+TRAIN_PROFILES = ["H100", "A100", "A10G", "T4"]
+# Ragged shapes: a second column block that is partly empty (dW steps are 128 columns, dX steps 256), the smallest
+# input, one tall and narrow.
+TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5)]
+# Gradients through our argmin against the float64 chain through the same argmin (relative, per tensor): fp32 sums
+# for float32; one rounding to the element type for 16-bit.
+ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+# The saved pre-tanh min against the float64 conv's min: TF32 operand rounding, fp32 sums otherwise. Where the best
+# two channels of the float64 conv are further apart than ARGMIN_GAP, the saved argmin must be float64's.
+PRE_MIN_TOL = {"tf32": 5e-3, "strict_fp32": 1e-5, "bf16": 1e-4, "fp16": 1e-4}
+ARGMIN_GAP = {"tf32": 2e-3, "strict_fp32": 1e-5, "bf16": 1e-5, "fp16": 1e-5}
+
+
+def _leaves(x, new):
+    return x.detach().clone().requires_grad_(True), new.conv.weight, new.conv.bias
+
+
+def _train_setup(profile, precision, shape, seed):
+    """(model, x, grad_out, spec) on the GPU in the precision; the caller enters the profile's emulation."""
+    if profile == "H100" and not model_new.fused_kernel_launches("sm90_tf32"):
+        pytest.skip("the H100 profile needs an sm_90 GPU")
+    spec = harness.PRECISIONS[precision]
+    torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+    _, new = _cuda_models(seed)
+    new = new.to(spec.dtype)
+    x = make_input(shape, seed=seed + 1, device="cuda").to(spec.dtype)
+    oh, ow = shape[2] - 2, shape[3] - 2
+    g = torch.randn(shape[0], 1, oh, ow, generator=torch.Generator("cuda").manual_seed(seed + 2), device="cuda")
+    return new, x, g.to(spec.dtype), spec
+
+
+def _grads(new, x, g):
+    """(out, dx, dw, db) of one forward and backward through ModelNew (parameter grads cleared first)."""
+    new.zero_grad(set_to_none=True)
+    xg = x.detach().clone().requires_grad_(True)
+    out = new(xg)
+    out.backward(g)
+    return out.detach(), xg.grad, new.conv.weight.grad, new.conv.bias.grad
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", TRAIN_PROFILES)
+def test_training_backward_follows_the_saved_argmin(profile, tf32_default):
+    """For each precision and ragged shape: the saving forward gives the inference output bit for bit; its argmin is
+    the float64 conv's wherever the best two channels are apart by more than the precision's error; its pre-tanh
+    min is the float64 min; and the gradients of x, weight and bias are the float64 chain's through that argmin."""
+    for precision in harness.PRECISIONS:
+        for shape in TRAIN_SHAPES:
+            new, x, g, spec = _train_setup(profile, precision, shape, seed=60)
+            w, b = new.conv.weight.detach(), new.conv.bias.detach()
+            with harness.emulated(profile):
+                expected = PROFILE_KERNELS[profile][precision]
+                assert new.fused_kernel(x) == expected
+                out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+                assert torch.equal(out, _run(new, x)), (profile, precision, shape)
+                _, dx, dw, db = _grads(new, x, g)
+            y64 = torch.conv2d(x.double(), w.double(), b.double())
+            best2 = y64.topk(2, dim=1, largest=False).values
+            clear = (best2[:, 1:] - best2[:, :1]) > ARGMIN_GAP[precision]
+            assert clear.float().mean() > 0.5, f"too few pixels with a clear argmin to check: {clear.float().mean()}"
+            assert torch.equal(argmin.long()[clear], y64.argmin(1, keepdim=True)[clear]), (profile, precision, shape)
+            assert (pre_min.double() - best2[:, :1]).abs().max() <= PRE_MIN_TOL[precision], (profile, precision, shape)
+            want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+            for name, got, truth in zip("xwb", (dx, dw, db), want):
+                assert got.dtype == spec.dtype and got.shape == truth.shape
+                err = harness.relative_error(got, truth)
+                assert err <= ROUTED_TOL[precision], f"{profile} {precision} {shape} d{name}: {err}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", list(harness.PRECISIONS))
+def test_training_gradients_no_further_from_float64_than_the_reference(precision, tf32_default):
+    """At a size where cuDNN runs the reference in its precision (TF32 for float32 by default): the gradients of x,
+    weight and bias are no further from the float64 truth than 2x the reference's own. Near-tie pixels, where the
+    argmin of a TF32 or 16-bit conv can differ from float64's, are where both are off. Errors at fp32's rounding
+    level (below 1e-6, strict fp32) pass as well: there both are exact but for the order of their sums."""
+    new, x, g, spec = _train_setup("H100" if model_new.fused_kernel_launches("sm90_tf32") else "A100", precision,
+                                   (4, 16, 256, 256), seed=61)
+    ref = reference.Model(16, 64, 3).cuda().to(spec.dtype)
+    ref.load_state_dict(new.state_dict())
+    _, dx, dw, db = _grads(new, x, g)
+    out_ref, *ref_grads = _grads(ref, x, g)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    truth = harness.float64_grads(x, w, b, g)
+    if precision == "tf32":  # the comparison means something only where the reference's conv is TF32
+        assert (out_ref.double() - harness.float64_forward(x, w, b)).abs().max() > 2e-5, "the reference ran in fp32"
+    for name, got, ref_grad, t in zip("xwb", (dx, dw, db), ref_grads, truth):
+        err, ref_err = harness.relative_error(got, t), harness.relative_error(ref_grad, t)
+        assert err <= max(2 * ref_err, 1e-6), f"{precision} d{name}: {err} vs the reference's {ref_err}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100", "T4"])
+def test_training_ties_go_to_the_first_channel(profile, tf32_default):
+    """Zero weights and equal biases: every channel ties at every pixel. torch.min picks the first channel, so every
+    gradient flows to channel 0; the float64 truth breaks the tie the same way."""
+    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 21, 140), seed=62)
+    with torch.no_grad():
+        new.conv.weight.zero_()
+        new.conv.bias.fill_(0.3)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, argmin, _ = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        _, dx, dw, db = _grads(new, x, g)
+    assert int(argmin.max()) == 0
+    for name, got, truth in zip("xwb", (dx, dw, db), harness.float64_grads(x, w, b, g)):
+        assert harness.relative_error(got, truth) <= 1e-5, name
+    assert db[1:].abs().max() == 0 and dw[1:].abs().max() == 0  # nothing reaches the other channels
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_nan_and_inf_get_the_reference_gradients(profile, tf32_default):
+    """NaN inputs: NaN where the reference's gradients have NaN (dW for every channel at the NaN's taps: the dense
+    sum's 0 * NaN; dX around it), the float64 chain elsewhere. An infinite weight: 0 * inf is NaN in the reference's
+    dX wherever that weight's tap reaches a pixel whose argmin is another channel."""
+    new, x, g, _ = _train_setup(profile, "strict_fp32", (2, 16, 20, 30), seed=63)
+    x[0, 3, 5, 7] = float("nan")
+    x[1, 10, 18, 29] = float("nan")
+    ref = reference.Model(16, 64, 3).cuda()
+    for poison_weight in (False, True):
+        if poison_weight:
+            x = x.nan_to_num(0.5)
+            with torch.no_grad():
+                new.conv.weight[5, 3, 1, 1] = float("inf")
+        ref.load_state_dict(new.state_dict())
+        with harness.emulated(profile):
+            _, dx, dw, db = _grads(new, x, g)
+        _, *ref_grads = _grads(ref, x, g)
+        for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
+            assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name)
+            assert harness.relative_error(got, want) <= 1e-4, (poison_weight, name)
+        assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_parts_retain_graph_noncontiguous_grad_and_determinism(profile, tf32_default):
+    """Only the gradients asked for (x alone, the weights alone), each equal to the full backward's; retain_graph
+    (a second backward adds the same again); a non-contiguous output gradient; and two runs equal bit for bit with
+    torch.use_deterministic_algorithms(True)."""
+    new, x, g, _ = _train_setup(profile, "tf32", (3, 16, 37, 300), seed=64)
+    with harness.emulated(profile):
+        _, dx, dw, db = _grads(new, x, g)
+        new.zero_grad(set_to_none=True)
+        new.requires_grad_(False)
+        xg = x.clone().requires_grad_(True)
+        new(xg).backward(g)
+        assert torch.equal(xg.grad, dx) and new.conv.weight.grad is None and new.conv.bias.grad is None
+        new.requires_grad_(True)
+        out = new(x)
+        out.backward(g, retain_graph=True)
+        assert torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)
+        out.backward(g)
+        assert torch.equal(new.conv.weight.grad, 2 * dw) and torch.equal(new.conv.bias.grad, 2 * db)
+        strided = torch.zeros(g.shape[0], 1, g.shape[3], g.shape[2], device="cuda", dtype=g.dtype).transpose(2, 3)
+        strided.copy_(g)
+        assert not strided.is_contiguous()
+        assert all(torch.equal(a, b) for a, b in zip(_grads(new, x, strided)[1:], (dx, dw, db)))
+        torch.use_deterministic_algorithms(True)
+        try:
+            again = _grads(new, x, g)[1:]
+        finally:
+            torch.use_deterministic_algorithms(False)
+        assert all(torch.equal(a, b) for a, b in zip(again, (dx, dw, db)))
+
+
+@needs_cuda
+def test_training_refuses_double_backward(tf32_default):
+    new, x, g, _ = _train_setup("A100", "tf32", (2, 16, 9, 9), seed=65)
+    xg = x.requires_grad_(True)
+    out = new(xg)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out, xg, g, create_graph=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_opcheck_saving_op_gpu(dtype, tf32_default):
+    """opcheck on the op ModelNew records for autograd (its backward the fused one) and on that backward op."""
+    ref, _ = make_models(17)
+    w, b = (t.detach().to(device="cuda", dtype=dtype).requires_grad_(True) for t in (ref.conv.weight, ref.conv.bias))
+    x = make_input((2, 16, 7, 9), seed=2, device="cuda").to(dtype).requires_grad_(True)
+    results = torch.library.opcheck(model_new.conv_min_tanh2_with_argmin, (x, w, b, AUTO))
+    assert set(results.values()) == {"SUCCESS"}, results
+    out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    g = torch.randn_like(out)
+    backward = torch.ops.kb25.conv_min_tanh2_backward.default
+    results = torch.library.opcheck(backward, (g, x.detach(), w.detach(), argmin, pre_min, True, False, True),
+                                    test_utils=("test_schema", "test_faketensor"))
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_autocast_runs_the_16bit_kernel_and_returns_the_reference_dtype(dtype, tf32_default):
+    """Under torch.autocast("cuda", dtype) ModelNew casts as conv2d does: the reference's dtype, its values at 1e-2,
+    a 16-bit fused kernel (forcing the fused backend: only a kernel of that dtype can give that dtype), with grad
+    and without; the float32 parameters get float32 gradients close to the reference's."""
+    ref, new = _cuda_models(66)
+    x = make_input((4, 16, 40, 300), seed=67, device="cuda")
+    for backend in ("auto", "fused"):
+        new.backend = backend
+        for grad in (False, True):
+            new.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype), torch.set_grad_enabled(grad):
+                got, want = new(x), ref(x)
+            assert got.dtype == want.dtype == dtype
+            assert compare(got.float(), want.float(), atol=LOW_PRECISION_TOL, rtol=LOW_PRECISION_TOL)[0]
+            if grad:
+                got.float().sum().backward()
+                want.float().sum().backward()
+                assert new.conv.weight.grad.dtype == torch.float32
+                assert harness.relative_error(new.conv.weight.grad, ref.conv.weight.grad) < 0.05
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    assert new.fused_kernel(x.to(dtype)) in [k.name for k in model_new.FUSED_TABLE if k.precision == precision]

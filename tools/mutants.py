@@ -89,20 +89,20 @@ MUTANTS = {
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
-        "fold<kNBlocks / 4>(v, (g >> 2) & 1, 16);",
+        "fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);",
         "",
         ["test_full_size_matches_reference[0]"],
     ),
     # a consumer never writes the last step of its range (its write waits for a next step that never comes)
     "last_step_never_written": (
-        "      if (begin < end) epilogue.write(pending, pending_row, pending_col0, OW);\n",
+        "      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
         ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
     # the deferred write lands in the current step's row instead of the previous step's
     "write_goes_to_the_current_row": (
-        "if (s != begin) epilogue.write(pending, pending_row, pending_col0, OW);",
-        "if (s != begin) epilogue.write(pending, out + (at.n * OH + at.oy) * (int64_t)OW, col0, OW);",
+        "if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
+        "if (s != begin) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
         ["test_full_size_matches_reference[0]"],
     ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity
@@ -161,6 +161,56 @@ MUTANTS = {
         "",
         [node("test_device_profiles_choose_and_compute_right", shape="T4"),
          "test_emulate_device_nests_restores_and_refuses_what_cannot_launch"],
+    ),
+    # the backward: dX gathers the gradient of the mirrored neighbour (q + j instead of q - j)
+    "grad_input_wrong_neighbour": (
+        "const float2 v = tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
+        "const float2 v = tile[i * G::kTileCols + threadIdx.x + j];",
+        [node("test_training_backward_follows_the_saved_argmin", shape="H100"),
+         node("test_training_backward_follows_the_saved_argmin", shape="T4")],
+    ),
+    # ties go to the last channel instead of torch.min's first
+    "ties_go_to_the_last_channel": (
+        "return a < b || (a == b && ia < ib);",
+        "return a < b || (a == b && ia > ib);",
+        [node("test_training_ties_go_to_the_first_channel", shape="H100"),
+         node("test_training_ties_go_to_the_first_channel", shape="A100")],
+    ),
+    # dW drops the last pixels of every k's run (those after the last group of four)
+    "grad_weight_drops_run_tails": (
+        "        for (; at < to; ++at) {\n          const int2 item = list[at];",
+        "        for (; at < to && false; ++at) {\n          const int2 item = list[at];",
+        [node("test_training_backward_follows_the_saved_argmin", shape="A100")],
+    ),
+    # the gradient of tanh(tanh(m)) without the inner tanh's factor
+    "min_grad_drops_the_inner_tanh": (
+        "return g * (1.f - t2 * t2) * (1.f - t1 * t1);",
+        "return g * (1.f - t2 * t2);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="H100")],
+    ),
+    # the wgmma saving epilogue keeps the channel within the warp, not within the 64
+    "saved_argmin_drops_the_warp": (
+        "keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);",
+        "keep_min(m, channel, buffer[w * kRedPitch + at], buffer_ch[w * kRedPitch + at]);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="H100")],
+    ),
+    # the mma.sync saving epilogue drops the quad position from the channel
+    "mma_sync_saved_channel_drops_the_quad": (
+        "keep_min(lo, lo_ch, acc[mt][nt][e], 8 * nt + 2 * t + e);",
+        "keep_min(lo, lo_ch, acc[mt][nt][e], 8 * nt + e);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="A100")],
+    ),
+    # dW forgets the reference's 0 * NaN for channels other than the pixel's argmin
+    "grad_weight_forgets_zero_times_nan": (
+        "      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);\n",
+        "",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="H100")],
+    ),
+    # dX forgets the reference's 0 * inf for an infinite weight of another channel
+    "grad_input_forgets_zero_times_inf": (
+        "            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);\n",
+        "",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="A100")],
     ),
 }
 

@@ -5,6 +5,7 @@
     python3 tools/sanitize.py kernel-sm80_bf16 fused-strict_fp32    # only these case keys
     python3 tools/sanitize.py kernel                                # only the cases of a backend ("kernel": each kernel)
     python3 tools/sanitize.py --ragged fused                        # without the full problem (racecheck takes minutes there)
+    python3 tools/sanitize.py train                                 # only the training step (saving forward, backward)
 
 Without the caching allocator every tensor is its own allocation, so an out-of-bounds access cannot hide inside a
 pooled block. Each output is also checked against the reference in its precision.
@@ -28,10 +29,18 @@ RAGGED = {4: [(3, 16, 67, 300), (2, 16, 259, 130)], 2: [(3, 16, 67, 264), (2, 16
 EPILOGUE_EXTRAS = [((3, 16, 67, 300), torch.float64), ((2, 16, 35, 37), torch.float64), ((16, 67, 300), torch.float32)]
 
 
+# The training step on ragged shapes (the backward kernels' column blocks are 256 input / 128 output columns), under
+# the profiles whose saving forwards differ: wgmma, mma.sync (full size and 99 KB), cuDNN + torch.min.
+TRAIN_PROFILES = ("H100", "A100", "A10G", "T4")
+TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3)]
+
+
 def runs(args):
     """(label, case, shape, dtype) in order, filtered by the arguments."""
     ragged = "--ragged" in args
     only = set(a for a in args if a != "--ragged")
+    if only == {"train"}:
+        return
     for key, case in harness.CASES.items():
         if case.backend == "fused_mma_sync" or (only and key not in only and case.backend not in only):
             continue
@@ -46,6 +55,7 @@ def runs(args):
 
 def main():
     failures = 0
+    only_args = set(a for a in sys.argv[1:] if a != "--ragged")
     for label, case, shape, dtype in runs(sys.argv[1:]):
         if case.kernel is not None and not model_new.fused_kernel_launches(case.kernel):
             print(f"{label}: not run, this GPU cannot launch it", flush=True)
@@ -62,8 +72,39 @@ def main():
         failures += not ok
         kernel = case.kernel or str(fn.model.fused_kernel(x))
         print(f"{label:24s} {kernel:16s} {str(dtype):14s} {shape}: allclose {ok}, max abs diff {diff:.2e}", flush=True)
+    if not only_args or "train" in only_args:
+        failures += train()
     torch.backends.cudnn.allow_tf32 = True
     return 1 if failures else 0
+
+
+def train():
+    """One forward (saving the argmin) and backward per profile, precision and shape, checked against the float64
+    chain through the saved argmin."""
+    failures = 0
+    sm90 = model_new.fused_kernel_launches("sm90_tf32")
+    for profile in TRAIN_PROFILES:
+        if profile == "H100" and not sm90:
+            continue
+        for precision, spec in harness.PRECISIONS.items():
+            torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+            _, new = harness.make_models(5, device="cuda")
+            new = new.to(spec.dtype)
+            w, b = new.conv.weight.detach(), new.conv.bias.detach()
+            for shape in TRAIN_SHAPES:
+                x = harness.make_input(shape, seed=2, device="cuda").to(spec.dtype)
+                with harness.emulated(profile):
+                    out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, 0)
+                    g = torch.randn_like(out)
+                    grads = torch.ops.kb25.conv_min_tanh2_backward(g, x, w, argmin, pre_min, True, True, True)
+                torch.cuda.synchronize()
+                want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+                errs = [harness.relative_error(a, t) for a, t in zip(grads, want)]
+                ok = max(errs) <= (1e-2 if spec.dtype != torch.float32 else 1e-5)
+                failures += not ok
+                print(f"train {profile:5s} {precision:12s} {shape}: gradients x/w/b relative error "
+                      f"{errs[0]:.1e} / {errs[1]:.1e} / {errs[2]:.1e}, ok {ok}", flush=True)
+    return failures
 
 
 if __name__ == "__main__":

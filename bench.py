@@ -42,6 +42,8 @@ def parse_args():
     p.add_argument("--skip-modes", action="store_true", help="time only the default (TF32) precision")
     p.add_argument("--skip-portability", action="store_true",
                    help="do not time what each GPU profile of harness.DEVICE_PROFILES runs (emulated on this GPU)")
+    p.add_argument("--skip-training", action="store_true",
+                   help="do not time the training step and the autocast forward")
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
@@ -265,6 +267,82 @@ def bench_portability(args, init, shape):
     return out
 
 
+TRAIN_N = 32  # the training step's batch (its float64 truth and the reference's activation fit in memory)
+
+
+def bench_training(args, init, shape):
+    """One training step (forward and backward, x and the parameters all requiring grad, PyTorch's default TF32) at
+    N = TRAIN_N: the median time (CUDA events, L2 flushed before each step), the peak memory the step allocates above
+    what was allocated before it, and each gradient's relative error against the float64 truth, for the reference
+    and ModelNew, in one process."""
+    torch.backends.cudnn.allow_tf32 = True
+    ref, new = (m.train() for m in harness.make_models(args.seed, init, device="cuda"))
+    x = harness.make_input((TRAIN_N, *shape[1:]), seed=args.seed + 2, device="cuda").requires_grad_(True)
+    oh, ow = shape[2] - init[2] + 1, shape[3] - init[2] + 1
+    g = torch.randn(TRAIN_N, 1, oh, ow, generator=torch.Generator("cuda").manual_seed(args.seed + 3), device="cuda")
+    out = {"n": TRAIN_N, "ms": {}, "peak_mb": {}, "grad_err_vs_f64": {}}
+    w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
+    truth = harness.float64_grads(x.detach(), w, b, g)
+    for name, model in (("reference", ref), ("model_new", new)):
+        def step():
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            model(x).backward(g)
+
+        step()
+        grads = (x.grad, model.conv.weight.grad, model.conv.bias.grad)
+        out["grad_err_vs_f64"][name] = {k: harness.relative_error(v, t) for k, v, t in zip("x weight bias".split(),
+                                                                                         grads, truth)}
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        del grads
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        out["peak_mb"][name] = (torch.cuda.max_memory_allocated() - before) / 1e6
+        out["ms"][name] = statistics.median(harness.time_cuda(step, trials=args.trials, warmup=args.warmup))
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        log(f"[training] {name:10s} step {out['ms'][name]:.3f} ms, peak {out['peak_mb'][name]:.1f} MB above the "
+            f"inputs, gradient error vs float64 " + ", ".join(f"{k} {v:.2e}" for k, v in
+                                                            out["grad_err_vs_f64"][name].items()))
+    errs = out["grad_err_vs_f64"]
+    out["speedup"] = out["ms"]["reference"] / out["ms"]["model_new"]
+    out["peak_fraction"] = out["peak_mb"]["model_new"] / out["peak_mb"]["reference"]
+    out["correct"] = all(errs["model_new"][k] <= 2 * errs["reference"][k] for k in errs["model_new"])
+    del ref, new, x, g, truth
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_autocast(args, init, shape):
+    """ModelNew and the reference in float32 under torch.autocast("cuda", dtype), no grad: the output's dtype, the
+    fused kernel that runs (the one for the autocast dtype), the median time (the cast of x included, as autocast
+    does it on every call) and whether the output matches the reference's there at 1e-2."""
+    torch.backends.cudnn.allow_tf32 = True
+    ref, new = (m.eval() for m in harness.make_models(args.seed, init, device="cuda"))
+    x = harness.make_input(shape, seed=args.seed + 1, device="cuda")
+    out = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with torch.autocast("cuda", dtype=dtype), torch.no_grad():
+            want, got = ref(x), new(x)
+            times = harness.time_cuda(lambda: new(x), trials=args.trials, warmup=args.warmup)
+        ok, diff = harness.compare(got.float(), want.float(), atol=harness.LOW_PRECISION_TOL,
+                                   rtol=harness.LOW_PRECISION_TOL)
+        out[name] = {"out_dtype": str(got.dtype), "reference_dtype": str(want.dtype),
+                     "kernel": new.fused_kernel(x.to(dtype)), "ms": statistics.median(times),
+                     "correct": ok and got.dtype == want.dtype, "max_abs_diff": diff}
+        log(f"[autocast] {name}: {out[name]['out_dtype']} (reference {out[name]['reference_dtype']}), "
+            f"{out[name]['kernel']}, {out[name]['ms']:.3f} ms, max abs diff {diff:.2e}, correct {out[name]['correct']}")
+        del want, got
+    del ref, new, x
+    torch.cuda.empty_cache()
+    return out
+
+
 def main():
     args = parse_args()
     if not torch.cuda.is_available():
@@ -318,6 +396,8 @@ def main():
     torch._dynamo.reset()
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
     portability = {} if args.skip_portability else bench_portability(args, init, shape)
+    training = None if args.skip_training else bench_training(args, init, shape)
+    autocast = None if args.skip_training else bench_autocast(args, init, shape)
     spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):
         return rows.get(name, {}).get("time_ms", {}).get("median")
@@ -363,6 +443,8 @@ def main():
         "compile_fullgraph": bool(compiled_row.get("correct", {}).get("allclose_1e-4")) and "time_ms" in compiled_row,
         "modes": modes,
         "portability": portability,
+        "training": training,
+        "autocast": autocast,
         "host_us": host_us,
         "import_s": import_s,
         "date": time.strftime("%Y-%m-%d"),
@@ -399,6 +481,11 @@ def main():
     log(f"host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in host_us.items()))
     if import_s:
         log(f"import model_new: first (compile) {import_s['first']:.1f} s, cached {import_s['cached']:.2f} s")
+    if training:
+        log(f"training step at N={training['n']}: reference {training['ms']['reference']:.3f} ms, ModelNew "
+            f"{training['ms']['model_new']:.3f} ms ({training['speedup']:.2f}x); peak {training['peak_mb']['reference']:.0f}"
+            f" / {training['peak_mb']['model_new']:.0f} MB ({100 * training['peak_fraction']:.1f}%); gradients within 2x "
+            f"of the reference's float64 error: {training['correct']}")
 
     path = args.output or default_output()
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -413,6 +500,7 @@ def main():
     log(f"wrote {picture}")
     ok = result["correct"]["allclose_1e-4"] and all(entry["correct"] for entry in modes.values()) and all(
         p["correct"] for entry in portability.values() for p in entry["precisions"].values())
+    ok = ok and (training is None or training["correct"]) and all(a["correct"] for a in (autocast or {}).values())
     return 0 if ok else 1
 
 

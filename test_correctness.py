@@ -1415,3 +1415,24 @@ def test_autocast_runs_the_16bit_kernel_and_returns_the_reference_dtype(dtype, t
                 assert harness.relative_error(new.conv.weight.grad, ref.conv.weight.grad) < 0.05
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     assert new.fused_kernel(x.to(dtype)) in [k.name for k in model_new.FUSED_TABLE if k.precision == precision]
+
+
+@needs_cuda
+def test_training_under_compile_and_cuda_graphs(tf32_default):
+    """The saving op and its backward under torch.compile(fullgraph=True) (inductor) and captured in CUDA graphs
+    (torch.cuda.make_graphed_callables: forward and backward replayed): the eager step's gradients, bit for bit."""
+    torch._dynamo.reset()
+    new, x, g, _ = _train_setup("H100" if model_new.fused_kernel_launches("sm90_tf32") else "A100", "tf32",
+                                (2, 16, 40, 300), seed=68)
+    _, dx, dw, db = _grads(new, x, g)
+    compiled = torch.compile(new, fullgraph=True)
+    for _ in range(2):
+        got = _grads(compiled, x, g)
+        assert all(torch.equal(a, b) for a, b in zip(got[1:], (dx, dw, db)))
+    xg = x.clone().requires_grad_(True)
+    graphed = torch.cuda.make_graphed_callables(new, (xg,))
+    for _ in range(2):
+        new.zero_grad(set_to_none=True)
+        xg.grad = None
+        graphed(xg).backward(g)
+        assert torch.equal(xg.grad, dx) and torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)

@@ -2603,14 +2603,43 @@ def saves_argmin(x, weight):
             and tuple(weight.shape) == (FUSED_OUT_CHANNELS, FUSED_IN_CHANNELS, FUSED_KERNEL_SIZE, FUSED_KERNEL_SIZE))
 
 
+# Whether a forward that autograd records saves the argmin and pre-tanh min (kb25::conv_min_tanh2_with_argmin) or
+# runs the inference kernel and leaves them to its backward (kb25::conv_min_tanh2, whose backward runs the saving
+# forward first). The saving forward costs about twice the inference one (docs/perf-notes.md, v15), and a forward
+# with grad enabled is not always followed by a backward (KernelBench times ModelNew with grad enabled), so a
+# process starts without saving and saves from the first backward through the op on: a training loop recomputes
+# once. Both give the same gradients, bit for bit. Process-wide, like emulate_device.
+_save_in_forward = [False]
+
+
+def save_in_forward(value=None):
+    """Read (no argument) or set whether forwards under autograd save the argmin for the backward (see above)."""
+    if value is not None:
+        if not isinstance(value, bool):
+            raise TypeError(f"save_in_forward expects a bool, got {value!r}")
+        _save_in_forward[0] = value
+    return _save_in_forward[0]
+
+
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, _ = inputs
+    x, weight, bias, backend = inputs
+    ctx.backend = backend
     ctx.save_for_backward(x, weight, bias)
 
 
 def _backward(ctx, grad_out):
+    """The inference op's backward: the saving forward, then the backward from its argmin (where saves_argmin holds;
+    else the reference's chain, recomputed)."""
     x, weight, bias = ctx.saved_tensors
-    return (*reference_backward(grad_out, x, weight, bias, ctx.needs_input_grad[:3]), None)
+    needs = ctx.needs_input_grad[:3]
+    if saves_argmin(x, weight) and not torch.is_grad_enabled():
+        with torch.no_grad():
+            _, argmin, pre_min = conv_min_tanh2_with_argmin(x, weight, bias, ctx.backend)
+        if argmin.numel() > 0:
+            _save_in_forward[0] = True
+            grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
+            return (*(g if need else None for g, need in zip(grads, needs)), None)
+    return (*reference_backward(grad_out, x, weight, bias, needs), None)
 
 
 def _conv_min_tanh2_with_argmin_cpu(x, weight, bias, backend):
@@ -2634,11 +2663,10 @@ def _setup_context_with_argmin(ctx, inputs, output):
 def _backward_with_argmin(ctx, grad_out, _grad_argmin, _grad_pre_min):
     x, weight, bias, argmin, pre_min = ctx.saved_tensors
     needs = ctx.needs_input_grad[:3]
-    if argmin.numel() == 0:  # nothing saved (see saves_argmin) or no output pixel: the reference's chain
+    # Nothing saved (see saves_argmin), no output pixel, or a backward that must itself be differentiable
+    # (create_graph=True: double backward): the reference's chain in torch ops, recomputed.
+    if argmin.numel() == 0 or torch.is_grad_enabled():
         return (*reference_backward(grad_out, x, weight, bias, needs), None)
-    if torch.is_grad_enabled():
-        raise RuntimeError("ModelNew's backward from the saved argmin is not differentiable: double backward "
-                           "(create_graph=True) is not supported; got a backward with create_graph=True")
     grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
     return (*(g if need else None for g, need in zip(grads, needs)), None)
 
@@ -2818,6 +2846,6 @@ class ModelNew(nn.Module):
             return _ext.conv_min_tanh2(x, weight, bias, backend)  # the op's CUDA kernel, called directly
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
-        if records:  # the op whose backward runs from the saved argmin (see saves_argmin)
+        if records and _save_in_forward[0]:  # the op that saves the argmin for its backward (see save_in_forward)
             return conv_min_tanh2_with_argmin(x, weight, bias, backend)[0]
         return conv_min_tanh2(x, weight, bias, backend)

@@ -1373,12 +1373,47 @@ def test_training_parts_retain_graph_noncontiguous_grad_and_determinism(profile,
 
 
 @needs_cuda
-def test_training_refuses_double_backward(tf32_default):
-    new, x, g, _ = _train_setup("A100", "tf32", (2, 16, 9, 9), seed=65)
-    xg = x.requires_grad_(True)
-    out = new(xg)
-    with pytest.raises(RuntimeError, match="double backward"):
-        torch.autograd.grad(out, xg, g, create_graph=True)
+@pytest.mark.parametrize("saving", [False, True])
+def test_training_double_backward_follows_the_reference(saving, tf32_default):
+    """create_graph=True (a gradient penalty): the backward is then the reference's chain in torch ops, so second
+    derivatives exist and equal the reference's (strict fp32: the same ops on both sides)."""
+    previous = model_new.save_in_forward()
+    model_new.save_in_forward(saving)
+    try:
+        new, x, g, _ = _train_setup("A100", "strict_fp32", (2, 16, 9, 11), seed=65)
+        ref = reference.Model(16, 64, 3).cuda()
+        ref.load_state_dict(new.state_dict())
+        for model in (new, ref):
+            model.zero_grad(set_to_none=True)
+            xg = x.clone().requires_grad_(True)
+            (dx,) = torch.autograd.grad(model(xg), xg, g, create_graph=True)
+            dx.pow(2).sum().backward()
+        assert torch.allclose(new.conv.weight.grad, ref.conv.weight.grad, atol=1e-6, rtol=1e-5)
+        assert torch.allclose(new.conv.bias.grad, ref.conv.bias.grad, atol=1e-6, rtol=1e-5)
+    finally:
+        model_new.save_in_forward(previous)
+
+
+@needs_cuda
+def test_training_saves_in_forward_from_the_first_backward_on(tf32_default):
+    """A process starts with forwards under autograd running the inference kernel (KernelBench times ModelNew with
+    grad enabled and never calls backward); the first backward runs the saving forward itself and switches later
+    forwards to saving. Both give the same gradients, bit for bit."""
+    previous = model_new.save_in_forward()
+    try:
+        new, x, g, _ = _train_setup("A100", "tf32", (2, 16, 37, 300), seed=69)
+        with harness.emulated("A100"):
+            model_new.save_in_forward(False)
+            xg = x.clone().requires_grad_(True)
+            out = new(xg)
+            assert not model_new.save_in_forward()
+            out.backward(g)
+            assert model_new.save_in_forward()
+            first = (xg.grad, new.conv.weight.grad, new.conv.bias.grad)
+            again = _grads(new, x, g)[1:]
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    finally:
+        model_new.save_in_forward(previous)
 
 
 @needs_cuda

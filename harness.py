@@ -162,9 +162,11 @@ def routed_float64_grads(x, weight, argmin, pre_min, grad_out):
 
 
 def relative_error(got, truth):
-    """||got - truth|| / ||truth|| in float64 over the finite entries of truth; inf where the NaN patterns differ."""
+    """||got - truth|| / ||truth|| in float64 over the finite entries of truth; inf where the NaN patterns differ or
+    an infinite entry of truth is not the same infinity in got."""
     got, truth = got.double(), truth.double()
-    if not torch.equal(torch.isnan(got), torch.isnan(truth)):
+    infinite = torch.isinf(truth)
+    if not torch.equal(torch.isnan(got), torch.isnan(truth)) or not torch.equal(got[infinite], truth[infinite]):
         return float("inf")
     finite = torch.isfinite(truth)
     diff = (got[finite] - truth[finite]).norm().item()

@@ -1647,7 +1647,9 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   const auto n_of = [&](int64_t s) { return s / ((int64_t)OH * col_blocks); };
   // Input row y of the strip into registers (row_next), then into its ring slot y % kKsize.
   float row_next[G::kRowPerThread];
-  bool bad_x = false;  // a non-finite input in the window (checked where rows are stored)
+  // Bit i: this thread stored a non-finite input into ring slot i (it stores the same positions of every row, so the
+  // bit is exact for its part of the row the slot holds now; a row's bit lives as long as the row does).
+  uint32_t bad_slots = 0;
   const auto load_row = [&](int64_t n, int cb, int y) {
 #pragma unroll
     for (int u = 0; u < G::kRowPerThread; ++u) {
@@ -1658,14 +1660,17 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   };
   const auto store_row = [&](int y) {
     float* const slot = xs + (y % G::kKsize) * G::kCin * G::kXPitch;
+    bool bad = false;
 #pragma unroll
     for (int u = 0; u < G::kRowPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads;
       if (at < G::kRowItems) {
         slot[(at / G::kXCols) * G::kXPitch + at % G::kXCols] = row_next[u];
-        bad_x |= !isfinite(row_next[u]);
+        bad |= !isfinite(row_next[u]);
       }
     }
+    const uint32_t bit = 1u << (y % G::kKsize);
+    bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;
   };
   // The step's pixels (sorting warps, one per thread): raw loads in flight ahead of their use.
   Elem g_next{};
@@ -1704,7 +1709,8 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
       below = __popc(peers & ((1u << lane) - 1));
       if (k >= 0 && below == 0) hist[warp * G::kCout + k] = __popc(peers);
     }
-    bad_x = __syncthreads_or(bad_x);
+    // A non-finite input anywhere in the step's window (its three rows, whenever they were stored).
+    const bool bad_x = __syncthreads_or(bad_slots != 0);
     if (warp == G::kSortWarps) {  // start[k], the exclusive prefix of the counts; the present k, in order
       int c0 = 0, c1 = 0;
 #pragma unroll
@@ -1773,7 +1779,6 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
       }
     }
     __syncthreads();  // the walk is done with row oy's slot
-    bad_x = false;
     if (next_continues) store_row(oy + G::kKsize);
   }
   if (e < G::kEntries) {
@@ -2705,29 +2710,35 @@ _LIBRARIES = []  # the op library fragments this file registered into (they must
 def _define_ops():
     """Declare the ops and their CPU, fake, autograd and autocast kernels (the CUDA kernels are the C++ functions the
     extension registers): kb25::conv_min_tanh2 (inference; a caller that records it for autograd gets a backward that
-    recomputes), kb25::conv_min_tanh2_with_argmin (what ModelNew records for autograd: its backward runs from the
-    saved argmin) and kb25::conv_min_tanh2_backward (that backward). Once per process: the registrations live as
-    long as the process, so a second execution of this file (KernelBench executes its text once per evaluation)
-    finds them in place."""
-    op = torch.library.custom_op(f"{OP_NAMESPACE}::{OP_NAME}", _conv_min_tanh2_cpu, mutates_args=(),
-                                 device_types="cpu", schema=OP_SCHEMA)
-    op.register_fake(_conv_min_tanh2_fake)
-    op.register_autograd(_backward, setup_context=_setup_context)
-    saving = torch.library.custom_op(f"{OP_NAMESPACE}::{SAVING_OP_NAME}", _conv_min_tanh2_with_argmin_cpu,
-                                     mutates_args=(), device_types="cpu", schema=SAVING_OP_SCHEMA)
-    saving.register_fake(_conv_min_tanh2_with_argmin_fake)
-    saving.register_autograd(_backward_with_argmin, setup_context=_setup_context_with_argmin)
+    runs the saving forward first), kb25::conv_min_tanh2_with_argmin (the forward that saves the argmin; its backward
+    runs from it) and kb25::conv_min_tanh2_backward (that backward). Each once per process: the registrations live
+    as long as the process, so a second execution of this file (KernelBench executes its text once per evaluation)
+    finds them in place, and one after an older version of this file adds only what that one lacked."""
+    ops = getattr(torch.ops, OP_NAMESPACE)
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-    lib.define(BACKWARD_OP_NAME + BACKWARD_OP_SCHEMA)
-    torch.library.register_fake(f"{OP_NAMESPACE}::{BACKWARD_OP_NAME}", _conv_min_tanh2_backward_fake, lib=lib)
-    for name in (OP_NAME, SAVING_OP_NAME):
+    defined = []
+    if not hasattr(ops, OP_NAME):
+        op = torch.library.custom_op(f"{OP_NAMESPACE}::{OP_NAME}", _conv_min_tanh2_cpu, mutates_args=(),
+                                     device_types="cpu", schema=OP_SCHEMA)
+        op.register_fake(_conv_min_tanh2_fake)
+        op.register_autograd(_backward, setup_context=_setup_context)
+        defined.append(OP_NAME)
+    if not hasattr(ops, SAVING_OP_NAME):
+        saving = torch.library.custom_op(f"{OP_NAMESPACE}::{SAVING_OP_NAME}", _conv_min_tanh2_with_argmin_cpu,
+                                         mutates_args=(), device_types="cpu", schema=SAVING_OP_SCHEMA)
+        saving.register_fake(_conv_min_tanh2_with_argmin_fake)
+        saving.register_autograd(_backward_with_argmin, setup_context=_setup_context_with_argmin)
+        defined.append(SAVING_OP_NAME)
+    if not hasattr(ops, BACKWARD_OP_NAME):
+        lib.define(BACKWARD_OP_NAME + BACKWARD_OP_SCHEMA)
+        torch.library.register_fake(f"{OP_NAMESPACE}::{BACKWARD_OP_NAME}", _conv_min_tanh2_backward_fake, lib=lib)
+    for name in defined:
         for device_type in ("cpu", "cuda"):
             _register_autocast(lib, name, device_type)
     _LIBRARIES.append(lib)
 
 
-if not hasattr(getattr(torch.ops, OP_NAMESPACE), SAVING_OP_NAME):
-    _define_ops()
+_define_ops()
 conv_min_tanh2 = getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME).default
 conv_min_tanh2_with_argmin = getattr(getattr(torch.ops, OP_NAMESPACE), SAVING_OP_NAME).default
 

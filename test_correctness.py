@@ -1201,7 +1201,8 @@ def test_sass_uses_tensor_cores_without_local_memory():
 TRAIN_PROFILES = ["H100", "A100", "A10G", "T4"]
 # Ragged shapes: a second column block that is partly empty (dW steps are 128 columns, dX steps 256), the smallest
 # input, one tall and narrow.
-TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5)]
+# The last has many steps per backward CTA (the dW row ring and both kernels' prefetches).
+TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5), (16, 16, 258, 130)]
 # Gradients through our argmin against the float64 chain through the same argmin (relative, per tensor): fp32 sums
 # for float32; one rounding to the element type for 16-bit.
 ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
@@ -1317,22 +1318,32 @@ def test_training_ties_go_to_the_first_channel(profile, tf32_default):
 
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-def test_training_nan_and_inf_get_the_reference_gradients(profile, tf32_default):
+@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 130)], ids=["one_step", "many_steps"])
+def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, tf32_default):
     """NaN inputs: NaN where the reference's gradients have NaN (dW for every channel at the NaN's taps: the dense
-    sum's 0 * NaN; dX around it), the float64 chain elsewhere. An infinite weight: 0 * inf is NaN in the reference's
-    dX wherever that weight's tap reaches a pixel whose argmin is another channel."""
-    new, x, g, _ = _train_setup(profile, "strict_fp32", (2, 16, 20, 30), seed=63)
-    x[0, 3, 5, 7] = float("nan")
-    x[1, 10, 18, 29] = float("nan")
+    sum's 0 * NaN; dX around it), the float64 chain elsewhere; on a shape where each backward CTA runs many steps,
+    with NaNs in interior rows (each input row stays in the dW window for three steps). An infinite weight: 0 * inf
+    is NaN in the reference's dX wherever that weight's tap reaches a pixel whose argmin is another channel; where
+    the tap's input is 0, that channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins)."""
+    new, x, g, _ = _train_setup(profile, "strict_fp32", shape, seed=63)
+    n, _, h, w = shape
+    x[0, 3, h // 4, w // 4] = float("nan")
+    x[n - 1, 10, h - 2, w - 1] = float("nan")
+    x[n // 2, 7, h // 2, w // 2] = float("nan")
     ref = reference.Model(16, 64, 3).cuda()
     for poison_weight in (False, True):
         if poison_weight:
             x = x.nan_to_num(0.5)
+            x[0, 3, 4, 6] = 0.0  # the pixel (3, 5) of image 0 reads x[0, 3, 4, 6] at tap (1, 1): 0 * inf = NaN
             with torch.no_grad():
                 new.conv.weight[5, 3, 1, 1] = float("inf")
         ref.load_state_dict(new.state_dict())
         with harness.emulated(profile):
             _, dx, dw, db = _grads(new, x, g)
+            if poison_weight:
+                _, argmin, _ = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
+                                                                    new.conv.bias.detach(), AUTO)
+                assert int(argmin[0, 0, 3, 5]) == 5
         _, *ref_grads = _grads(ref, x, g)
         for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
             assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name)

@@ -204,13 +204,27 @@ MUTANTS = {
     "grad_weight_forgets_zero_times_nan": (
         "      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-H100"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="many_steps-H100")],
     ),
     # dX forgets the reference's 0 * inf for an infinite weight of another channel
     "grad_input_forgets_zero_times_inf": (
         "            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="A100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-A100")],
+    ),
+    # dW's non-finite flag covers only the newest row of the window, not the three rows it holds
+    "grad_weight_flags_only_the_newest_row": (
+        "bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;",
+        "bad_slots = bad ? bit : 0u;",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="many_steps-H100")],
+    ),
+    # NaN in one channel loses to the numbers of the others (precedes lets a number win over a NaN)
+    "nan_loses_to_numbers": (
+        "if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);",
+        "if (a_nan || b_nan) return b_nan && (!a_nan || ia < ib);",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-H100"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-A100")],
     ),
 }
 

@@ -32,7 +32,7 @@ EPILOGUE_EXTRAS = [((3, 16, 67, 300), torch.float64), ((2, 16, 35, 37), torch.fl
 # The training step on ragged shapes (the backward kernels' column blocks are 256 input / 128 output columns), under
 # the profiles whose saving forwards differ: wgmma, mma.sync (full size and 99 KB), cuDNN + torch.min.
 TRAIN_PROFILES = ("H100", "A100", "A10G", "T4")
-TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3)]
+TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (16, 16, 258, 130)]  # last: many steps a CTA
 
 
 def runs(args):

@@ -2232,7 +2232,7 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
-// two come back empty.
+// two come back undefined (nothing allocated: the inference call's host time).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
                                                                        const at::Tensor& bias, int kernel, bool save) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
@@ -2240,8 +2240,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at:
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
   at::Tensor out = at::empty(sizes, xc.options());
-  at::Tensor argmin = at::empty(save ? sizes : std::vector<int64_t>{0}, xc.options().dtype(at::kByte));
-  at::Tensor pre_min = at::empty(save ? sizes : std::vector<int64_t>{0}, xc.options().dtype(at::kFloat));
+  at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
+  at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const cudaError_t err = launch_fused_conv3x3_min_tanh2(
       kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
       save ? pre_min.data_ptr<float>() : nullptr, N, (int)H, (int)W,
@@ -2265,9 +2265,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_conv_then_epilogue(const at
                                                 reduce, inner, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
                                                 at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: " + std::string(cudaGetErrorString(err)));
-  if (!save) {
-    return {out, at::empty({0}, y.options().dtype(at::kByte)), at::empty({0}, y.options().dtype(at::kFloat))};
-  }
+  if (!save) return {out, at::Tensor(), at::Tensor()};
   const auto [values, indices] = at::min(y, 1, /*keepdim=*/true);
   return {out, indices.to(at::kByte), values.to(at::kFloat)};
 }
@@ -2325,8 +2323,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_with_argmin(const 
   const c10::cuda::CUDAGuard guard(x.device());
   const Choice choice = choose(x, weight, backend);
   const bool save = saves_argmin(x, weight);
-  if (choice.kernel < 0) return cudnn_conv_then_epilogue(x, weight, bias, save);
-  return fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, save);
+  auto result = choice.kernel < 0 ? cudnn_conv_then_epilogue(x, weight, bias, save)
+                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, save);
+  if (!save) {  // an op returns defined tensors: empty ones say "nothing saved"
+    std::get<1>(result) = at::empty({0}, x.options().dtype(at::kByte));
+    std::get<2>(result) = at::empty({0}, x.options().dtype(at::kFloat));
+  }
+  return result;
 }
 
 // The CUDA kernel of kb25::conv_min_tanh2_backward: the gradients of x, the weight and the bias (each only where

@@ -264,13 +264,13 @@ __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
 
 // torch.min's order on (value, channel), which picks the argmin its backward scatters to: a NaN before any number
 // (the lower channel among NaNs), else the smaller value, else the lower channel.
-__device__ __forceinline__ bool precedes(float a, int ia, float b, int ib) {
+__host__ __device__ __forceinline__ bool precedes(float a, int ia, float b, int ib) {
   const bool a_nan = a != a, b_nan = b != b;
   if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
   return a < b || (a == b && ia < ib);
 }
 // (v, i) becomes (w, j) where (w, j) precedes it.
-__device__ __forceinline__ void keep_min(float& v, int& i, float w, int j) {
+__host__ __device__ __forceinline__ void keep_min(float& v, int& i, float w, int j) {
   if (precedes(w, j, v, i)) {
     v = w;
     i = j;

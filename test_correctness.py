@@ -477,6 +477,71 @@ def test_chooser_picks_only_kernels_each_arch_can_launch(tmp_path):
         assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
 
 
+ARGMIN_MAIN = r"""
+#include <cstdio>
+#include <cstring>
+// Each input line: n, then n floats as their bits. Each output line: the (value bits, channel) that keep_min leaves
+// when folding the values in order, in reverse order, and as a butterfly (pairs, then pairs of pairs, ...).
+int main() {
+  int n;
+  while (std::scanf("%d", &n) == 1) {
+    float v[64];
+    int ch[64];
+    for (int i = 0; i < n; ++i) {
+      unsigned bits;
+      std::scanf("%x", &bits);
+      std::memcpy(&v[i], &bits, 4);
+    }
+    float a = v[0], b = v[n - 1];
+    int ia = 0, ib = n - 1;
+    for (int i = 1; i < n; ++i) kb25::keep_min(a, ia, v[i], i);
+    for (int i = n - 2; i >= 0; --i) kb25::keep_min(b, ib, v[i], i);
+    for (int i = 0; i < n; ++i) ch[i] = i;
+    for (int step = 1; step < n; step *= 2)
+      for (int i = 0; i + step < n; i += 2 * step) kb25::keep_min(v[i], ch[i], v[i + step], ch[i + step]);
+    unsigned ba, bb, bc;
+    std::memcpy(&ba, &a, 4);
+    std::memcpy(&bb, &b, 4);
+    std::memcpy(&bc, &v[0], 4);
+    std::printf("%08x %d %08x %d %08x %d\n", ba, ia, bb, ib, bc, ch[0]);
+  }
+  return 0;
+}
+"""
+
+
+def test_argmin_order_is_torch_mins_in_any_fold_order(tmp_path):
+    """keep_min (the saving epilogues' combine, host code of the CUDA source) folded over 64-channel pixels in three
+    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own) gives
+    torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
+    lowest channel. Pixels drawn from a few values (many ties, NaN, +-inf, +-0) and from random floats."""
+    gen = torch.Generator().manual_seed(0)
+    numbers = torch.tensor([float("-inf"), float("inf"), -1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
+    pools = [numbers, torch.cat([numbers, torch.tensor([float("nan")])]), torch.tensor([0.0, 1.0]),
+             torch.tensor([float("nan"), 0.0])]  # ties among numbers, NaN among them, few values, NaN or zero
+    rows = [pool[torch.randint(len(pool), (n,), generator=gen)] for pool in pools for n in (1, 2, 3, 5, 16, 64)
+            for _ in range(20)]
+    rows += [torch.randn(64, generator=gen) for _ in range(50)]
+    assert sum(not r.isnan().any() and (r == r.min()).sum() > 1 for r in rows) > 100  # ties at the min
+    src = tmp_path / "argmin.cu"
+    src.write_text(model_new.cuda_source() + ARGMIN_MAIN)
+    exe = tmp_path / "argmin"
+    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    stdin = "".join(f"{len(r)} " + " ".join(f"{b & 0xFFFFFFFF:08x}" for b in r.view(torch.int32).tolist()) + "\n"
+                    for r in rows)
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True).stdout
+    results = [line.split() for line in out.splitlines()]
+    assert len(results) == len(rows)
+    for r, got in zip(rows, results):
+        value, index = torch.min(r, dim=0)
+        for bits, channel in zip(got[0::2], got[1::2]):
+            folded = torch.tensor([int(bits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
+            assert int(channel) == int(index), (r.tolist(), got)
+            assert (folded.isnan() and value.isnan()) or folded == value, (r.tolist(), got)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--trials", "5"], "--trials must be at least 20"),
     (["--spread-processes", "2"], "--spread-processes must be 0 or at least 3, got 2"),

@@ -30,6 +30,8 @@ directly: the same C++ function, without the dispatcher's Python layers (a few m
 """
 import collections
 import inspect
+import sys
+import types
 
 import torch
 import torch.nn as nn
@@ -2616,8 +2618,13 @@ def saves_argmin(x, weight):
 # forward first). The saving forward costs about twice the inference one (docs/perf-notes.md, v15), and a forward
 # with grad enabled is not always followed by a backward (KernelBench times ModelNew with grad enabled), so a
 # process starts without saving and saves from the first backward through the op on: a training loop recomputes
-# once. Both give the same gradients, bit for bit. Process-wide, like emulate_device.
-_save_in_forward = [False]
+# once. Both give the same gradients, bit for bit. Process-wide, like emulate_device: the state lives in a module of
+# its own, so a second execution of this file (KernelBench's) shares it with the backward the first one registered.
+# A graph that torch.compile traces always saves (its backward is traced once, before any backward has run).
+_STATE = sys.modules.setdefault("_kb25_state", types.ModuleType("_kb25_state"))
+if not hasattr(_STATE, "save_in_forward"):
+    _STATE.save_in_forward = [False]
+_save_in_forward = _STATE.save_in_forward
 
 
 def save_in_forward(value=None):
@@ -2644,7 +2651,8 @@ def _backward(ctx, grad_out):
         with torch.no_grad():
             _, argmin, pre_min = conv_min_tanh2_with_argmin(x, weight, bias, ctx.backend)
         if argmin.numel() > 0:
-            _save_in_forward[0] = True
+            if not torch._subclasses.fake_tensor.is_fake(grad_out):  # a real backward, not a trace of one
+                _save_in_forward[0] = True
             grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
             return (*(g if need else None for g, need in zip(grads, needs)), None)
     return (*reference_backward(grad_out, x, weight, bias, needs), None)
@@ -2860,6 +2868,8 @@ class ModelNew(nn.Module):
             return _ext.conv_min_tanh2(x, weight, bias, backend)  # the op's CUDA kernel, called directly
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
-        if records and _save_in_forward[0]:  # the op that saves the argmin for its backward (see save_in_forward)
+        # The op that saves the argmin for its backward (see save_in_forward); is_compiling() first, so that Dynamo
+        # does not read (and guard on) the switch.
+        if records and (torch.compiler.is_compiling() or _save_in_forward[0]):
             return conv_min_tanh2_with_argmin(x, weight, bias, backend)[0]
         return conv_min_tanh2(x, weight, bias, backend)

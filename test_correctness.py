@@ -143,6 +143,30 @@ def test_cpu_autocast_behaves_as_the_reference(dtype):
     assert torch.equal(new.conv.weight.grad, ref.conv.weight.grad)
 
 
+def test_forward_under_autograd_follows_the_saving_switch():
+    """model_new.save_in_forward picks the op a forward under autograd records (the inference op, whose backward runs
+    the saving forward, or the saving op); a second execution of the file (as KernelBench runs it) shares the switch
+    with the first, whose backward the op keeps."""
+    import runpy
+
+    previous = model_new.save_in_forward()
+    try:
+        _, new = make_models(9)
+        x = make_input((2, 16, 7, 9), seed=2).requires_grad_(True)
+        model_new.save_in_forward(False)
+        assert "conv_min_tanh2_default" in new(x).grad_fn.name()
+        model_new.save_in_forward(True)
+        assert "conv_min_tanh2_with_argmin" in new(x).grad_fn.name()
+        again = runpy.run_path(model_new.__file__)
+        assert again["save_in_forward"]() is True
+        again["save_in_forward"](False)
+        assert model_new.save_in_forward() is False
+        with pytest.raises(TypeError, match="save_in_forward expects a bool, got 1"):
+            model_new.save_in_forward(1)
+    finally:
+        model_new.save_in_forward(previous)
+
+
 def test_cpu_saving_op_saves_nothing_and_recomputes():
     """On the CPU the op ModelNew records for autograd saves no argmin (empty tensors) and its backward recomputes
     the reference's chain; its fake kernel agrees on the shapes."""
@@ -592,16 +616,22 @@ def test_cpp_error_messages_are_single_prebuilt_strings():
 
 
 def test_every_mutant_edits_the_current_source():
-    """tools/mutants.py breaks model_new.py by textual edits; each text must still be there exactly once, or the
-    mutation run on a GPU machine stops before testing anything."""
+    """tools/mutants.py breaks model_new.py by textual edits; each text must still be there exactly once, and each
+    test it names must exist, or the mutation run on a GPU machine stops or misses before testing anything."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
     import mutants
 
     with open(model_new.__file__) as f:
         text = f.read()
+    here = os.path.dirname(os.path.abspath(__file__))
+    collected = set(subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                    "test_correctness.py"], cwd=here, capture_output=True, text=True,
+                                   timeout=300).stdout.split())
     for name, (original, mutated, tests) in mutants.MUTANTS.items():
         assert text.count(original) == 1, f"mutant {name}: its text is in model_new.py {text.count(original)} times"
         assert original != mutated and tests
+        for test in tests:  # a node id that pytest does not collect would be "not found", an error, not a catch
+            assert f"test_correctness.py::{test}" in collected, f"mutant {name}: no test {test}"
 
 
 @pytest.mark.parametrize("args, exc, pattern", [
@@ -1295,8 +1325,25 @@ def _train_setup(profile, precision, shape, seed):
     return new, x, g.to(spec.dtype), spec
 
 
+_FORWARD_MODE = {"saving": None}  # set by the forward_mode fixture: what _grads runs the forward with
+
+
+@pytest.fixture(params=[False, True], ids=["inference_forward", "saving_forward"])
+def forward_mode(request):
+    """Run a training test with forwards under autograd running the inference kernel (the backward then runs the
+    saving forward itself) and again with the forward saving (model_new.save_in_forward); restore the switch."""
+    previous = model_new.save_in_forward()
+    _FORWARD_MODE["saving"] = request.param
+    yield request.param
+    _FORWARD_MODE["saving"] = None
+    model_new.save_in_forward(previous)
+
+
 def _grads(new, x, g):
-    """(out, dx, dw, db) of one forward and backward through ModelNew (parameter grads cleared first)."""
+    """(out, dx, dw, db) of one forward and backward through ModelNew (parameter grads cleared first), with the
+    forward the forward_mode fixture asks for, if any."""
+    if _FORWARD_MODE["saving"] is not None:
+        model_new.save_in_forward(_FORWARD_MODE["saving"])
     new.zero_grad(set_to_none=True)
     xg = x.detach().clone().requires_grad_(True)
     out = new(xg)
@@ -1306,7 +1353,7 @@ def _grads(new, x, g):
 
 @needs_cuda
 @pytest.mark.parametrize("profile", TRAIN_PROFILES)
-def test_training_backward_follows_the_saved_argmin(profile, tf32_default):
+def test_training_backward_follows_the_saved_argmin(profile, forward_mode, tf32_default):
     """For each precision and ragged shape: the saving forward gives the inference output bit for bit; a fused
     kernel's argmin is the float64 conv's wherever the best two channels are apart by more than the precision's
     error, and its pre-tanh min the float64 min (cudnn_epilogue, T4: torch.min's own on cuDNN's conv); and the
@@ -1384,12 +1431,14 @@ def test_training_ties_go_to_the_first_channel(profile, tf32_default):
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 130)], ids=["one_step", "many_steps"])
-def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, tf32_default):
-    """NaN inputs: NaN where the reference's gradients have NaN (dW for every channel at the NaN's taps: the dense
-    sum's 0 * NaN; dX around it), the float64 chain elsewhere; on a shape where each backward CTA runs many steps,
-    with NaNs in interior rows (each input row stays in the dW window for three steps). An infinite weight: 0 * inf
-    is NaN in the reference's dX wherever that weight's tap reaches a pixel whose argmin is another channel; where
-    the tap's input is 0, that channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins)."""
+def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, forward_mode, tf32_default):
+    """NaN inputs: NaN where the reference's dense chain has NaN (dW for every channel at the NaN's taps: 0 * NaN; dX
+    around it), its values elsewhere; on a shape where each backward CTA runs many steps, with NaNs in interior rows
+    (each input row stays in the dW window for three steps). An infinite weight: 0 * inf is NaN in the reference's
+    dX wherever that weight's tap reaches a pixel whose argmin is another channel; where the tap's input is 0, that
+    channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins). Compared with the float64
+    chain through the saved argmin (near-ties of a large shape could route a pixel differently from the reference's
+    own conv), and on the small shape with the reference itself."""
     new, x, g, _ = _train_setup(profile, "strict_fp32", shape, seed=63)
     n, _, h, w = shape
     x[0, 3, h // 4, w // 4] = float("nan")
@@ -1405,20 +1454,25 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, tf32_d
         ref.load_state_dict(new.state_dict())
         with harness.emulated(profile):
             _, dx, dw, db = _grads(new, x, g)
-            if poison_weight:
-                _, argmin, _ = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
-                                                                    new.conv.bias.detach(), AUTO)
-                assert int(argmin[0, 0, 3, 5]) == 5
-        _, *ref_grads = _grads(ref, x, g)
-        for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
-            assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name)
-            assert harness.relative_error(got, want) <= 1e-4, (poison_weight, name)
+            _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
+                                                                      new.conv.bias.detach(), AUTO)
+        if poison_weight:
+            assert int(argmin[0, 0, 3, 5]) == 5
+        routed = harness.routed_float64_grads(x, new.conv.weight.detach(), argmin, pre_min, g)
+        for name, got, want in zip("xwb", (dx, dw, db), routed):
+            assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "float64 chain")
+            assert harness.relative_error(got, want) <= 1e-5, (poison_weight, name)
+        if shape == (2, 16, 20, 30):
+            _, *ref_grads = _grads(ref, x, g)
+            for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
+                assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "reference")
+                assert harness.relative_error(got, want) <= 1e-4, (poison_weight, name)
         assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
 
 
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-def test_training_parts_retain_graph_noncontiguous_grad_and_determinism(profile, tf32_default):
+def test_training_parts_retain_graph_noncontiguous_grad_and_determinism(profile, forward_mode, tf32_default):
     """Only the gradients asked for (x alone, the weights alone), each equal to the full backward's; retain_graph
     (a second backward adds the same again); a non-contiguous output gradient; and two runs equal bit for bit with
     torch.use_deterministic_algorithms(True)."""
@@ -1482,9 +1536,10 @@ def test_training_saves_in_forward_from_the_first_backward_on(tf32_default):
             model_new.save_in_forward(False)
             xg = x.clone().requires_grad_(True)
             out = new(xg)
-            assert not model_new.save_in_forward()
+            assert "conv_min_tanh2_default" in out.grad_fn.name() and not model_new.save_in_forward()
             out.backward(g)
             assert model_new.save_in_forward()
+            assert "conv_min_tanh2_with_argmin" in new(xg).grad_fn.name()
             first = (xg.grad, new.conv.weight.grad, new.conv.bias.grad)
             again = _grads(new, x, g)[1:]
         assert all(torch.equal(a, b) for a, b in zip(first, again))

@@ -166,8 +166,8 @@ MUTANTS = {
     "grad_input_wrong_neighbour": (
         "const float2 v = tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
         "const float2 v = tile[i * G::kTileCols + threadIdx.x + j];",
-        [node("test_training_backward_follows_the_saved_argmin", shape="H100"),
-         node("test_training_backward_follows_the_saved_argmin", shape="T4")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
+         node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-T4")],
     ),
     # ties go to the last channel instead of torch.min's first
     "ties_go_to_the_last_channel": (
@@ -181,52 +181,59 @@ MUTANTS = {
     "grad_weight_drops_run_tails": (
         "        for (; at < to; ++at) {\n          const int2 item = list[at];",
         "        for (; at < to && false; ++at) {\n          const int2 item = list[at];",
-        [node("test_training_backward_follows_the_saved_argmin", shape="A100")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (
         "return g * (1.f - t2 * t2) * (1.f - t1 * t1);",
         "return g * (1.f - t2 * t2);",
-        [node("test_training_backward_follows_the_saved_argmin", shape="H100")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
     # the wgmma saving epilogue keeps the channel within the warp, not within the 64
     "saved_argmin_drops_the_warp": (
         "keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);",
         "keep_min(m, channel, buffer[w * kRedPitch + at], buffer_ch[w * kRedPitch + at]);",
-        [node("test_training_backward_follows_the_saved_argmin", shape="H100")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
     # the mma.sync saving epilogue drops the quad position from the channel
     "mma_sync_saved_channel_drops_the_quad": (
         "keep_min(lo, lo_ch, acc[mt][nt][e], 8 * nt + 2 * t + e);",
         "keep_min(lo, lo_ch, acc[mt][nt][e], 8 * nt + e);",
-        [node("test_training_backward_follows_the_saved_argmin", shape="A100")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
     # dW forgets the reference's 0 * NaN for channels other than the pixel's argmin
     "grad_weight_forgets_zero_times_nan": (
         "      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="many_steps-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
     ),
     # dX forgets the reference's 0 * inf for an infinite weight of another channel
     "grad_input_forgets_zero_times_inf": (
         "            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-A100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100")],
     ),
     # dW's non-finite flag covers only the newest row of the window, not the three rows it holds
     "grad_weight_flags_only_the_newest_row": (
         "bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;",
         "bad_slots = bad ? bit : 0u;",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="many_steps-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
     ),
     # NaN in one channel loses to the numbers of the others (precedes lets a number win over a NaN)
     "nan_loses_to_numbers": (
         "if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);",
         "if (a_nan || b_nan) return b_nan && (!a_nan || ia < ib);",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="one_step-A100"),
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100"),
          "test_argmin_order_is_torch_mins_in_any_fold_order"],
+    ),
+    # forwards under autograd ignore the saving switch (always the inference op)
+    "forward_ignores_the_saving_switch": (
+        "if records and (torch.compiler.is_compiling() or _save_in_forward[0]):",
+        "if False:",
+        ["test_forward_under_autograd_follows_the_saving_switch",
+         "test_training_saves_in_forward_from_the_first_backward_on"],
     ),
 }
 

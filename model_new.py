@@ -141,7 +141,7 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-extern "C" int conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms);
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
@@ -1858,6 +1858,24 @@ static cudaError_t opt_in_shared_memory(int bytes) {
   return err;
 }
 
+// How many CTAs of a kernel fit on one SM at once (its shared memory opted in first): asked once per device.
+template <auto kKernel>
+static cudaError_t resident_ctas_per_sm(int threads, int smem_bytes, int* per_sm) {
+  cudaError_t err = opt_in_shared_memory<kKernel>(smem_bytes);
+  if (err != cudaSuccess) return err;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet
+  int device = 0;
+  err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && (*per_sm = known[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kKernel, threads, smem_bytes);
+  if (err != cudaSuccess) return err;
+  if (*per_sm < 1) *per_sm = 1;
+  if (device < kMaxDevices) known[device].store(*per_sm, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
 template <class Traits, bool kSave>
 static cudaError_t launch_fused_variant(const void* x, const void* w, const void* b, void* out, void* argmin,
                                         float* pre_min, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
@@ -1943,12 +1961,10 @@ struct LaunchGradInput {
     const int64_t steps = N * H * ((W + G::kCols - 1) / G::kCols);
     if (steps <= 0) return cudaSuccess;
     constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_input_kernel<Elem>;
-    cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
-    if (err != cudaSuccess) return err;
     int per_sm = 0;
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, G::kThreads, G::kSmemBytes);
+    const cudaError_t err = resident_ctas_per_sm<kernel>(G::kThreads, G::kSmemBytes, &per_sm);
     if (err != cudaSuccess) return err;
-    const int64_t cap = (int64_t)num_sms * (per_sm > 0 ? per_sm : 1);
+    const int64_t cap = (int64_t)num_sms * per_sm;
     kernel<<<(int)(steps < cap ? steps : cap), G::kThreads, G::kSmemBytes, stream>>>(
         static_cast<const Elem*>(g), pre_min, argmin, static_cast<const Elem*>(w), static_cast<Elem*>(dx), H, W, steps);
     return cudaGetLastError();
@@ -1970,16 +1986,15 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
 // steps. Fixed for a GPU and shape: the sums' order, and so their bits, do not change from run to run.
-extern "C" int conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms) {
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks) {
   using G = kb25::GradWeight;
-  constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<float>;
   int per_sm = 0;
-  if (opt_in_shared_memory<kernel>(G::kSmemBytes) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, G::kThreads, G::kSmemBytes) != cudaSuccess) {
-    per_sm = 1;
-  }
-  const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * (per_sm > 0 ? per_sm : 1);
-  return (int)(steps < cap ? steps : cap);
+  const cudaError_t err =
+      resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(G::kThreads, G::kSmemBytes, &per_sm);
+  if (err != cudaSuccess) return err;
+  const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
+  *blocks = (int)(steps < cap ? steps : cap);
+  return cudaSuccess;
 }
 
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() { return kb25::GradWeight::kCout * kb25::GradWeight::kPartial; }
@@ -2379,7 +2394,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
     TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
   }
   if (need_weight || need_bias) {
-    const int blocks = conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms);
+    int blocks = 0;
+    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, &blocks);
+    TORCH_CHECK(blocks_err == cudaSuccess,
+                "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
       if (need_weight) dw.zero_();
       if (need_bias) db.zero_();
@@ -2564,21 +2582,29 @@ def output_shape(x, weight):
     return (x.shape[0], 1, oh, ow) if x.dim() == 4 else (weight.shape[0], 1, ow)
 
 
+def backward_through_argmin(grad_out, x, weight, argmin, pre_min, needs_grad, dim=1):
+    """The reference's chain from its min on: tanh_backward twice at the pre-tanh min, the gradient scattered to the
+    argmin along `dim` of the conv output (zeros elsewhere), then the conv's dense backward (so 0 * inf is NaN, as
+    in the reference). x is 4-D; returns convolution_backward's (x, weight, bias) gradients."""
+    t1 = torch.tanh(pre_min)
+    t2 = torch.tanh(t1)
+    grad_m = torch.ops.aten.tanh_backward(torch.ops.aten.tanh_backward(grad_out, t2), t1)
+    kh, kw = weight.shape[2], weight.shape[3]
+    y_shape = (x.shape[0], weight.shape[0], x.shape[2] - kh + 1, x.shape[3] - kw + 1)
+    grad_y = grad_m.new_zeros(y_shape).scatter_(dim, argmin, grad_m)
+    return torch.ops.aten.convolution_backward(
+        grad_y, x, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(needs_grad))
+
+
 def reference_backward(grad_out, x, weight, bias, needs_grad):
-    """Gradients of reference_math by its own chain: recompute the conv, scatter through the argmin that torch.min
-    picks, tanh_backward twice, then the conv's backward. Nothing is kept from the forward but its inputs."""
+    """Gradients of reference_math by its own chain: recompute the conv and the argmin that torch.min picks, then
+    backward_through_argmin. Nothing is kept from the forward but its inputs."""
     batched = x.dim() == 4
     x4 = x if batched else x.unsqueeze(0)
     grad4 = grad_out if batched else grad_out.unsqueeze(0)
     dim = 1 if batched else 2  # dim 1 of the unbatched output is the rows
-    y = torch.conv2d(x4, weight, bias)
-    m, argmin = torch.min(y, dim=dim, keepdim=True)
-    t1 = torch.tanh(m)
-    t2 = torch.tanh(t1)
-    grad_m = torch.ops.aten.tanh_backward(torch.ops.aten.tanh_backward(grad4, t2), t1)
-    grad_y = torch.zeros_like(y).scatter_(dim, argmin, grad_m)
-    grads = torch.ops.aten.convolution_backward(
-        grad_y, x4, weight, [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, list(needs_grad))
+    m, argmin = torch.min(torch.conv2d(x4, weight, bias), dim=dim, keepdim=True)
+    grads = backward_through_argmin(grad4, x4, weight, argmin, m, needs_grad, dim)
     gx, gw, gb = (g if need else None for g, need in zip(grads, needs_grad))  # masked ones may come back as zeros
     if gx is not None and not batched:
         gx = gx.squeeze(0)
@@ -2642,20 +2668,27 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, bias)
 
 
+def _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, needs):
+    """The ops' gradients (and None for the backend) from a saved argmin and pre-tanh min. Nothing saved (see
+    saves_argmin), no output pixel, or a backward that must itself be differentiable (create_graph=True: double
+    backward): the reference's chain in torch ops, recomputed."""
+    if argmin.numel() == 0 or torch.is_grad_enabled():
+        return (*reference_backward(grad_out, x, weight, bias, needs), None)
+    grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
+    return (*(g if need else None for g, need in zip(grads, needs)), None)
+
+
 def _backward(ctx, grad_out):
-    """The inference op's backward: the saving forward, then the backward from its argmin (where saves_argmin holds;
-    else the reference's chain, recomputed)."""
+    """The inference op's backward: the saving forward first (where saves_argmin holds), then the backward from its
+    argmin; a real backward (not a trace of one) switches later forwards to saving."""
     x, weight, bias = ctx.saved_tensors
-    needs = ctx.needs_input_grad[:3]
+    argmin = pre_min = x.new_empty((0,))
     if saves_argmin(x, weight) and not torch.is_grad_enabled():
         with torch.no_grad():
             _, argmin, pre_min = conv_min_tanh2_with_argmin(x, weight, bias, ctx.backend)
-        if argmin.numel() > 0:
-            if not torch._subclasses.fake_tensor.is_fake(grad_out):  # a real backward, not a trace of one
-                _save_in_forward[0] = True
-            grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
-            return (*(g if need else None for g, need in zip(grads, needs)), None)
-    return (*reference_backward(grad_out, x, weight, bias, needs), None)
+        if argmin.numel() > 0 and not torch._subclasses.fake_tensor.is_fake(grad_out):
+            _save_in_forward[0] = True
+    return _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, ctx.needs_input_grad[:3])
 
 
 def _conv_min_tanh2_with_argmin_cpu(x, weight, bias, backend):
@@ -2677,14 +2710,7 @@ def _setup_context_with_argmin(ctx, inputs, output):
 
 
 def _backward_with_argmin(ctx, grad_out, _grad_argmin, _grad_pre_min):
-    x, weight, bias, argmin, pre_min = ctx.saved_tensors
-    needs = ctx.needs_input_grad[:3]
-    # Nothing saved (see saves_argmin), no output pixel, or a backward that must itself be differentiable
-    # (create_graph=True: double backward): the reference's chain in torch ops, recomputed.
-    if argmin.numel() == 0 or torch.is_grad_enabled():
-        return (*reference_backward(grad_out, x, weight, bias, needs), None)
-    grads = torch.ops.kb25.conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
-    return (*(g if need else None for g, need in zip(grads, needs)), None)
+    return _backward_from_argmin(grad_out, *ctx.saved_tensors, ctx.needs_input_grad[:3])
 
 
 def _conv_min_tanh2_backward_fake(grad, x, weight, argmin, pre_min, need_input, need_weight, need_bias):

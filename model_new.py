@@ -53,17 +53,22 @@ PRECISION_TAGS = {"tf32": "Tf32RoundNearest", "strict_fp32": "Tf32x3", "bf16": "
 # `using` line of FusedTraits, an entry of the launcher table and of the requirements the chooser checks
 # (choose_fused_kernel() in the CUDA source: the first row of the call's precision that the GPU can launch).
 # mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); tile_cols: output pixels per
-# step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots.
+# step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
+# warps that load the rows for them (0: each consumer loads its own, mma.sync only).
 FusedKernel = collections.namedtuple("FusedKernel", "name mma precision tile_cols consumers producer_warps ring")
 FUSED_TABLE = (
     FusedKernel("sm90_tf32", "wgmma", "tf32", 256, 2, 4, 5),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", 128, 2, 4, 4),
     FusedKernel("sm90_bf16", "wgmma", "bf16", 256, 2, 4, 8),
     FusedKernel("sm90_fp16", "wgmma", "fp16", 256, 2, 4, 8),
-    # mma.sync: 3 slots (the oldest row is released early), 87.9 KB for TF32 and 44.5 KB for 16-bit: every sm_80+ GPU.
-    FusedKernel("sm80_tf32", "mma_sync", "tf32", 256, 1, 4, 3),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", 128, 1, 4, 4),  # 108.9 KB: sm_80, sm_90, sm_100
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", 128, 1, 4, 3),  # 100.1 KB: also sm_86, 89, 120
+    # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
+    # rows; 138.6 KB (TF32) and 126.3 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
+    # producer (3 slots, the oldest row released early, 87.9 KB), 3xTF32 self-fed on 64-column tiles (100.2 KB).
+    # 16-bit: one consumer and a producer, 44.5 KB, every sm_80+ GPU.
+    FusedKernel("sm80_tf32", "mma_sync", "tf32", 256, 2, 0, 3),
+    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", 256, 1, 4, 3),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", 128, 2, 0, 3),
+    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", 64, 2, 0, 3),
     FusedKernel("sm80_bf16", "mma_sync", "bf16", 256, 1, 4, 3),
     FusedKernel("sm80_fp16", "mma_sync", "fp16", 256, 1, 4, 3),
 )
@@ -182,6 +187,16 @@ inline constexpr bool kHasFused = KB25_HAS_FUSED;
 // The largest shared memory a block may opt in to on any GPU (sm_90, sm_100: 227 KB); whether a kernel fits the GPU
 // at hand is the chooser's question (choose_fused_kernel), asked at run time.
 inline constexpr int kMaxSmemPerBlock = 227 * 1024;
+// What the arch being compiled gives a block where it is known to be less (CUDA programming guide): a fused kernel
+// that asks for more is compiled out there, since the chooser never picks it on such a GPU.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ == 1200 || \
+                               __CUDA_ARCH__ == 1210)
+inline constexpr int kArchSmemPerBlock = 99 * 1024;
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870)
+inline constexpr int kArchSmemPerBlock = 163 * 1024;
+#else
+inline constexpr int kArchSmemPerBlock = kMaxSmemPerBlock;
+#endif
 
 // ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -390,7 +405,7 @@ struct ConvGeometry {
   static constexpr int kGroups = kCin / kGroupChannels;
   // Columns per group in a slot: a row segment, and for 16-bit an offset of 4 columns modulo 8 between the two
   // groups (the producer's stores rely on it).
-  static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : 8);
+  static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : kTileCols <= 64 ? 4 : 8);
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
   static constexpr int kSlotBytes = kCopies * kCopyBytes;
@@ -587,12 +602,24 @@ struct RowProducer {
                                                      __byte_perm(w[6][q], w[7][q], sel)));
       }
     } else {
-      // One 4-column piece: lane starts at column chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
+      // One 4-column piece: lane starts at column r = chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
+      // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
+      // compile to selects; a pick by a runtime index compiles to branches).
+      const int r = (chunk >> 1) & 3;
+      uint32_t w[kVec][4];
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const int j = (jj + (chunk >> 1)) & 3;
-        store_column(dst + j * 16, make_uint4(pick(raw[0], j), pick(raw[1], j), pick(raw[2], j), pick(raw[3], j)));
+      for (int c = 0; c < kVec; ++c) {
+        const bool half = r & 2, one = r & 1;
+        const uint32_t h0 = half ? raw[c].z : raw[c].x, h1 = half ? raw[c].w : raw[c].y;
+        const uint32_t h2 = half ? raw[c].x : raw[c].z, h3 = half ? raw[c].y : raw[c].w;
+        w[c][0] = one ? h1 : h0;
+        w[c][1] = one ? h2 : h1;
+        w[c][2] = one ? h3 : h2;
+        w[c][3] = one ? h0 : h3;
       }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
     }
   }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
@@ -659,7 +686,6 @@ struct RowProducer {
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
     return v;
   }
-  __device__ static uint32_t pick(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
   // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding; raw
   // where 3xTF32 splits in registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and
   // small into copy 1. 16-bit elements go as they are.
@@ -895,7 +921,9 @@ struct MmaSyncMainloop {
     const int lane = ctid & 31, warp_col = (ctid >> 5) * kWarpCols;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const float2 bb = *reinterpret_cast<const float2*>(bsm + nt * 8 + 2 * (lane & 3));
+      // Read every step (volatile: not hoisted out of the step loop), so the bias holds no registers across it.
+      const volatile float* const bv = bsm + nt * 8 + 2 * (lane & 3);
+      const float2 bb = make_float2(bv[0], bv[1]);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         acc[mt][nt][0] = acc[mt][nt][2] = bb.x;
@@ -1212,13 +1240,16 @@ struct MmaSyncEpilogue {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int at = col + 8 * half;
-        if (mt < kMTiles && at < OW) {
-          const float m = half ? part.hi[i] : part.lo[i];
-          dst.out[at] = static_cast<Elem>(tanh2(m));
-          if constexpr (kSave) {
+        const float m = half ? part.hi[i] : part.lo[i];
+        if constexpr (kSave) {
+          if (mt < kMTiles && at < OW) {
+            dst.out[at] = static_cast<Elem>(tanh2(m));
             dst.argmin[at] = (unsigned char)(half ? part.hi_ch[i] : part.lo_ch[i]);
             dst.pre_min[at] = m;
           }
+        } else {  // tanh2 whether or not the pixel is stored: a predicated store, no branch around the math
+          const Elem v = static_cast<Elem>(tanh2(m));
+          if (mt < kMTiles && at < OW) dst.out[at] = v;
         }
       }
     }
@@ -1230,7 +1261,8 @@ enum class MmaKind { kMmaSync, kWgmma };
 
 // A CTA (one per SM) is kProducerWarps producer warps and kConsumers consumer warpgroups. Each consumer has its own
 // range of steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's
-// warps are split evenly between the consumers.
+// warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
+// into its 3 slots (SelfFeed): that leaves the register file to two consumer warps per scheduler.
 template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_>
 struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
   using Geometry = ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>;
@@ -1246,7 +1278,11 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kProducers = kProducerWarps * 32;  // threads; the consumers' warpgroups follow them
   static constexpr int kThreads = kProducers + kConsumers * Geometry::kWarpgroup;
-  static constexpr int kProducerThreads = kProducers / kConsumers;  // per consumer
+  // No producer warps: each consumer warpgroup loads its own rows (mma.sync only: it reads its operands into
+  // registers, so the slot of the window's oldest row is free once the step's first kernel row has been read).
+  static constexpr bool kSelfFed = kProducerWarps == 0;
+  static constexpr int kProducerThreads = kSelfFed ? Geometry::kWarpgroup : kProducers / kConsumers;  // per consumer
+  static_assert(!kSelfFed || (!kUsesWgmma && kRing_ == Geometry::kKsize), "self-fed: mma.sync, the window's slots only");
   static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
   static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
   using Producer = RowProducer<Geometry, kProducerThreads>;
@@ -1269,7 +1305,8 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   // accumulators and the fragments of one k-step; the weights stay in shared memory) plus about 16, or a producer
   // thread (one row's items in flight) plus about 24, for addresses and loop state must fit. ptxas reports the real count and a CPU test requires no spills.
   static constexpr int kRegisterBudget = (65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8;
-  static_assert(Mainloop::kRegisters + 16 <= kRegisterBudget, "register budget of a consumer");
+  static_assert(Mainloop::kRegisters + (kSelfFed ? Producer::kRegisters : 0) + 16 <= kRegisterBudget,
+                "register budget of a consumer");
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
@@ -1300,24 +1337,144 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
   }
 }
 
-// Persistent, one CTA per SM. The producer warps walk each consumer's rows (RowCursor, produce_rows()): load row d
-// into registers, wait until the consumer has released the slot's previous row, store it there. Each consumer walks
-// its steps: wait for the step's new rows, issue the MMAs over the 3-row window, write the previous step while they
-// run, release the rows no later step needs once the MMAs have read them, and reduce the step.
+// Where a consumer's input rows come from (the feed): window() waits for or loads the step's rows and names their
+// three slots, release_oldest() runs once the MMAs have read the window's oldest row, end_step() once they have read
+// all of it.
+//
+// RingFeed: the producer warps store the rows into the consumer's ring (mbarriers); the consumer releases each slot
+// when no later step needs its row.
+template <class Traits>
+struct RingFeed {
+  const typename Traits::Ring ring;
+  uint32_t rows;  // rows received so far: the window is rows - 3 .. rows - 1
+  __device__ RingFeed(const typename Traits::Ring& ring_) : ring(ring_), rows(0) {}
+  __device__ void window(const StepWalker&, int, bool strip_starts, unsigned char* (&w)[3]) {
+    const int fresh = RowCursor::new_rows(strip_starts);
+    for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
+    for (int i = 0; i < 3; ++i) w[i] = ring.slot(rows - 3 + i);
+  }
+  __device__ void release_oldest(const StepWalker&, int, bool) const { ring.release(rows - 3); }
+  // At a strip's end the next step starts a new window: free the other two rows as well.
+  __device__ void end_step(bool strip_ends) const {
+    if (strip_ends) {
+      ring.release(rows - 2);
+      ring.release(rows - 1);
+    }
+  }
+};
+
+// SelfFeed (Traits::kSelfFed): the consumer warpgroup loads its own rows into the window's three slots, no
+// mbarriers. At a strip's start it fills all three; then each step, once every warp has read the window's oldest
+// row (the named barrier in release_oldest, which also publishes the row stored one step before), it stores the
+// next step's new row, loaded into registers a step ahead, into that slot, and issues the loads of the row after it.
+// Aligned rows (kVec16) take no branch there, so ptxas can interleave the stores with the MMAs that follow: where no
+// step of this strip follows, the row goes to a slot that the next window refills, and loads past the image's last
+// row read that row instead. 3xTF32 keeps a branch there: without it, ptxas for sm_100 spills.
+template <class Traits, bool kVec16>
+struct SelfFeed {
+  using Elem = typename Traits::Elem;
+  static constexpr int kK = Traits::kKsize;
+  static constexpr bool kBranch = Traits::Precision::kSplit;
+  const typename Traits::Producer& producer;
+  const Elem* const x;
+  const int H, W, barrier_id;
+  unsigned char* const slots;
+  const Elem* x_img;
+  uint32_t rows;  // rows stored so far: the window is rows - 3 .. rows - 1
+  typename Traits::Producer::Row next;  // kVec16: the next step's new row, in flight
+  __device__ SelfFeed(const typename Traits::Producer& producer_, const Elem* x_, int H_, int W_, int consumer,
+                      unsigned char* slots_)
+      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), x_img(x_), rows(0) {}
+  __device__ unsigned char* slot(uint32_t d) const { return slots + (d % kK) * Traits::kSlotBytes; }
+  __device__ void window(const StepWalker& at, int col0, bool strip_starts, unsigned char* (&w)[3]) {
+    x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
+    if (strip_starts) {  // a new window: every warp is done with the old one, then all three rows
+      named_barrier<Traits::kWarpgroup>(barrier_id);
+      for (int i = 0; i < kK; ++i, ++rows) {
+        if constexpr (kVec16) {
+          producer.load(next, x_img, at.oy + i, col0);
+          producer.store(next, slot(rows), x_img, at.oy + i, col0);
+        } else {
+          producer.copy_by_element(x_img, at.oy + i, col0, slot(rows));
+        }
+      }
+      named_barrier<Traits::kWarpgroup>(barrier_id);
+      if constexpr (kVec16) producer.load(next, x_img, min(at.oy + kK, H - 1), col0);
+    }
+    for (int i = 0; i < 3; ++i) w[i] = slot(rows - 3 + i);
+  }
+  __device__ void release_oldest(const StepWalker& at, int col0, bool strip_ends) {
+    named_barrier<Traits::kWarpgroup>(barrier_id);
+    if constexpr (kVec16) {
+      if (kBranch && strip_ends) return;
+      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);
+      producer.load(next, x_img, min(at.oy + kK + 1, H - 1), col0);
+    } else if (!strip_ends) {  // the next step goes on down this strip: it needs row oy + 3
+      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));
+    }
+  }
+  __device__ void end_step(bool strip_ends) { rows += !strip_ends; }
+};
+
+// A consumer's walk over its steps [begin, end): take the step's window from the feed, issue the MMAs over it, write
+// the previous step while they run (wgmma: in flight; mma.sync: the tail of the tensor pipe's queue), release the
+// rows no later step needs once the MMAs have read them, and reduce the step. No MMA stays in flight across the
+// loop's back edge.
+template <class Traits, bool kSave, class Feed>
+__device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
+                                              const typename Traits::Elem* __restrict__ b,
+                                              typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
+                                              float* __restrict__ pre_min, int OH, int OW, int col_blocks,
+                                              unsigned char* consumer_smem, unsigned char* shared) {
+  using Elem = typename Traits::Elem;
+  typename Traits::Mainloop mainloop(shared, b, ctid);
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
+  Epilogue epilogue(consumer_smem + Traits::kRingBytes, c, ctid);
+  StepWalker at(begin, OH, col_blocks);
+  // The previous step, reduced but not yet written.
+  typename Epilogue::Partial pending;
+  int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
+  int pending_col0 = 0;
+  const auto row_out = [&](int64_t row) {
+    return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
+  };
+  const int steps = (int)(end - begin);  // a consumer's range is a few hundred steps
+  for (int i = 0; i < steps; ++i, at.advance()) {
+    const int col0 = at.cb * Traits::kTileCols;
+    const bool strip_ends = i + 1 == steps || at.oy + 1 == OH;
+    unsigned char* window[3];
+    feed.window(at, col0, i == 0 || at.oy == 0, window);
+    typename Traits::Mainloop::Accum acc;
+    // The MMAs have read the window's oldest row (no later step uses it): the mainloop calls this once per step, as
+    // soon as it may.
+    const auto release_oldest = [&] { feed.release_oldest(at, col0, strip_ends); };
+    mainloop.start(acc, window, col0, OW, release_oldest);
+    if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+    mainloop.finish(acc, release_oldest);
+    feed.end_step(strip_ends);
+    pending = epilogue.reduce(acc);
+    pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+    pending_col0 = col0;
+  }
+  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+}
+
+// Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
+// produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
+// there; the consumers take their rows from the ring (RingFeed). Otherwise each consumer loads its own (SelfFeed).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps) {
-  if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma)) {
-    using Elem = typename Traits::Elem;
+  if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
     using Ring = typename Traits::Ring;
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const shared = smem + Traits::kSharedOffset;
     uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
     auto ring = [&](int c) { return Ring{smem + c * Traits::kConsumerBytes, barriers + c * Traits::kRing * 2}; };
-    if (threadIdx.x == 0) {
+    if (!Traits::kSelfFed && threadIdx.x == 0) {
       for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
     }
     Traits::Mainloop::stage_shared(shared, w, b);
@@ -1325,11 +1482,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
     const int col_blocks = Traits::col_blocks(OW);
-    if (threadIdx.x < Traits::kProducers) {
-      const int c = threadIdx.x / Traits::kProducerThreads;
-      int64_t begin, end;
-      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
-                 begin, end);
+    const bool producing = (int)threadIdx.x < Traits::kProducers;
+    const int c = producing ? threadIdx.x / Traits::kProducerThreads
+                            : (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
+    int64_t begin, end;
+    step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+               begin, end);
+    const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
+    const auto consume = [&](auto& feed) {
+      consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
+                                   smem + c * Traits::kConsumerBytes, shared);
+    };
+    if constexpr (Traits::kSelfFed) {
+      const typename Traits::Producer producer(x, H, W, ctid);
+      if (producer.vec16) {
+        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        consume(feed);
+      } else {
+        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        consume(feed);
+      }
+    } else if (producing) {
       const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads);
       const RowCursor rows(begin, end, OH, col_blocks);
       if (producer.vec16) {
@@ -1338,48 +1511,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
-      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
-      int64_t begin, end;
-      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
-                 begin, end);
-      const Ring rows_in = ring(c);
-      typename Traits::Mainloop mainloop(shared, b, ctid);
-      using Epilogue = typename Traits::template EpilogueFor<kSave>;
-      Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid);
-      StepWalker at(begin, OH, col_blocks);
-      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
-      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
-      // so the tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
-      typename Epilogue::Partial pending;
-      int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
-      int pending_col0 = 0;
-      const auto row_out = [&](int64_t row) {
-        return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
-      };
-      for (int64_t s = begin; s < end; ++s, at.advance()) {
-        const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
-        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);
-        const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
-        typename Traits::Mainloop::Accum acc;
-        unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};
-        const int col0 = at.cb * Traits::kTileCols;
-        // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
-        // once per step, as soon as it may.
-        const auto release_oldest = [&] { rows_in.release(rows - 3); };
-        mainloop.start(acc, window, col0, OW, release_oldest);
-        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
-        mainloop.finish(acc, release_oldest);
-        // At a strip's end the next step starts a new window: free the other two rows as well.
-        if (strip_ends) {
-          rows_in.release(rows - 2);
-          rows_in.release(rows - 1);
-        }
-        pending = epilogue.reduce(acc);
-        pending_row = (at.n * OH + at.oy) * (int64_t)OW;
-        pending_col0 = col0;
-      }
-      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+      RingFeed<Traits> feed(ring(c));
+      consume(feed);
     }
   }
 }

@@ -412,10 +412,32 @@ def _ptxas_kernels(report):
 BUILD_ARCHS = ["75", "80", "86", "89", "90a", "100", "120"]
 
 
+SMEM_MAIN = r"""
+#include <cstdio>
+int main() {
+  for (int k = 0; k < @KERNELS@; ++k) std::printf("%d\n", fused_kernel_smem_bytes(k));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fused_smem_bytes(tmp_path_factory):
+    """Each FUSED_TABLE row's shared memory per CTA, from the CUDA source's host code (no GPU needed)."""
+    tmp = tmp_path_factory.mktemp("smem")
+    src, exe = tmp / "smem.cu", tmp / "smem"
+    src.write_text(model_new.cuda_source() + SMEM_MAIN.replace("@KERNELS@", str(len(model_new.FUSED_TABLE))))
+    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    return dict(zip(model_new.FUSED_KERNELS, map(int, out), strict=True))
+
+
 @pytest.mark.parametrize("arch", BUILD_ARCHS)
-def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch):
+def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, fused_smem_bytes):
     """The CUDA source compiles for each arch with no warning, stack frame or spill: the fused kernels where the arch
-    has their instructions (mma.sync from sm_80, wgmma on sm_90a), empty elsewhere; the epilogue kernel everywhere."""
+    has their instructions (mma.sync from sm_80, wgmma on sm_90a) and gives a block their shared memory, empty
+    elsewhere; the epilogue kernel everywhere."""
     report = _ptxas_report(tmp_path, arch)
     kernels = _ptxas_kernels(report)
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
@@ -428,6 +450,7 @@ def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch):
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
         runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
+        runs_here &= fused_smem_bytes[row.name] <= SMEM_OPTIN_BY_ARCH[int(arch.rstrip("a"))]
         # A kernel compiled in holds its accumulators in registers (64 channels x tile columns over the 128 threads of
         # a consumer, twice for 3xTF32); one compiled out is an empty body.
         acc = 64 * row.tile_cols // 128 * (2 if row.precision == "strict_fp32" else 1)
@@ -795,13 +818,16 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
 
 def _expected_kernel(precision, mma_sync_only=False):
     """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
-    else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 108.9 KB."""
+    else the mma.sync kernel, TF32 and 3xTF32 in their 99 KB forms where a block may not have 138.6 KB (TF32) or
+    126.3 KB (3xTF32)."""
     if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
         return {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}[precision]
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     if precision == "strict_fp32":
-        big = torch.cuda.get_device_properties(0).shared_memory_per_block_optin >= 108864
-        return "sm80_tf32x3" if big else "sm80_tf32x3_99k"
-    return {"tf32": "sm80_tf32", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
+        return "sm80_tf32x3" if optin >= 126304 else "sm80_tf32x3_99k"
+    if precision == "tf32":
+        return "sm80_tf32" if optin >= 138592 else "sm80_tf32_99k"
+    return {"bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
 
 
 @needs_cuda
@@ -836,7 +862,7 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
         conv_settings.fp32_precision = saved
     assert new.resolve_backend(x) == "fused"
     new.backend = "fused_mma_sync"
-    assert new.fused_kernel(x) == "sm80_tf32"
+    assert new.fused_kernel(x) == _expected_kernel("tf32", mma_sync_only=True)
     new.backend = "auto"
     for dtype, mode in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         new.to(dtype)
@@ -861,7 +887,7 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
 # What each GPU profile (harness.DEVICE_PROFILES) runs per precision: None is cudnn_epilogue. Written out by hand, not
 # derived from the table, so that a change of the chooser's answers shows here.
 _SM80 = {"tf32": "sm80_tf32", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
-_SM80_99K = dict(_SM80, strict_fp32="sm80_tf32x3_99k")
+_SM80_99K = dict(_SM80, tf32="sm80_tf32_99k", strict_fp32="sm80_tf32x3_99k")
 PROFILE_KERNELS = {
     "T4": dict.fromkeys(harness.PRECISIONS),
     "A100": _SM80,
@@ -930,10 +956,10 @@ def test_emulate_device_nests_restores_and_refuses_what_cannot_launch(tf32_defau
     x = torch.rand(1, 16, 4, 4, device="cuda")
     real = new.fused_kernel(x)
     with harness.emulated("A10G"):
-        assert new.fused_kernel(x) == "sm80_tf32" and model_new.fused_mma_kind() == "mma_sync"
+        assert new.fused_kernel(x) == "sm80_tf32_99k" and model_new.fused_mma_kind() == "mma_sync"
         with harness.emulated("T4"):
             assert new.fused_kernel(x) is None and new.resolve_backend(x) == "cudnn_epilogue"
-        assert new.fused_kernel(x) == "sm80_tf32"
+        assert new.fused_kernel(x) == "sm80_tf32_99k"
     assert new.fused_kernel(x) == real
     too_much = torch.cuda.get_device_properties(0).shared_memory_per_block_optin + 1
     with pytest.raises(ValueError, match=rf"emulate_device expects smem_optin of 1\.\.\d+ bytes .*got {too_much}"):

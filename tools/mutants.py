@@ -60,10 +60,10 @@ MUTANTS = {
         "const uint32_t sel_even = (x & 1) ? 0x5410 : 0x7632,",
         ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
     ),
-    # the fp32 producer writes each column to its rotated place but takes the unrotated one's values
+    # the fp32 producer rotates each column's values but writes them to the unrotated place
     "column_rotation_mismatch": (
-        "make_uint4(pick(raw[0], j), pick(raw[1], j), pick(raw[2], j), pick(raw[3], j))",
-        "make_uint4(pick(raw[0], jj), pick(raw[1], jj), pick(raw[2], jj), pick(raw[3], jj))",
+        "store_column(dst + ((jj + r) & 3) * 16,",
+        "store_column(dst + jj * 16,",
         ["test_full_size_matches_reference[0]", "test_other_precisions_full_size[strict_fp32]"],
     ),
     # the 16-bit producer writes column jj ^ x's values to column jj: the swizzle applied to the data only
@@ -85,7 +85,21 @@ MUTANTS = {
     "late_items_never_loaded": (
         "if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {",
         "if (false) {",
-        [node("test_edge_shapes", "fused-tf32", "3x16x40x600"), node("test_edge_shapes", "fused-bf16", "3x16x40x600")],
+        [node("test_edge_shapes", "fused-tf32", "3x16x40x600"), node("test_edge_shapes", "fused-bf16", "3x16x40x600"),
+         node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600")],
+    ),
+    # self-fed consumers store the next row over the window's middle row, which the step's later taps still read
+    "self_fed_row_over_the_window": (
+        "      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);",
+        "      producer.store(next, slot(rows + 1), x_img, min(at.oy + kK, H - 1), col0);",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"), "test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # self-fed consumers, element path (W not a multiple of the vector width): the step's new row is the one before
+    "self_fed_element_path_takes_the_wrong_row": (
+        "      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));",
+        "      producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows));",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
@@ -95,14 +109,14 @@ MUTANTS = {
     ),
     # a consumer never writes the last step of its range (its write waits for a next step that never comes)
     "last_step_never_written": (
-        "      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
+        "  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
         ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
     # the deferred write lands in the current step's row instead of the previous step's
     "write_goes_to_the_current_row": (
-        "if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
-        "if (s != begin) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
+        "if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
+        "if (i != 0) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
         ["test_full_size_matches_reference[0]"],
     ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity

@@ -98,8 +98,8 @@ MUTANTS = {
     "self_fed_element_path_takes_the_wrong_row": (
         "      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));",
         "      producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows));",
-        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"),
-         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x301x19"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19")],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (

@@ -1337,34 +1337,9 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
   }
 }
 
-// Where a consumer's input rows come from (the feed): window() waits for or loads the step's rows and names their
-// three slots, release_oldest() runs once the MMAs have read the window's oldest row, end_step() once they have read
-// all of it.
-//
-// RingFeed: the producer warps store the rows into the consumer's ring (mbarriers); the consumer releases each slot
-// when no later step needs its row.
-template <class Traits>
-struct RingFeed {
-  const typename Traits::Ring ring;
-  uint32_t rows;  // rows received so far: the window is rows - 3 .. rows - 1
-  __device__ RingFeed(const typename Traits::Ring& ring_) : ring(ring_), rows(0) {}
-  __device__ void window(const StepWalker&, int, bool strip_starts, unsigned char* (&w)[3]) {
-    const int fresh = RowCursor::new_rows(strip_starts);
-    for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
-    for (int i = 0; i < 3; ++i) w[i] = ring.slot(rows - 3 + i);
-  }
-  __device__ void release_oldest(const StepWalker&, int, bool) const { ring.release(rows - 3); }
-  // At a strip's end the next step starts a new window: free the other two rows as well.
-  __device__ void end_step(bool strip_ends) const {
-    if (strip_ends) {
-      ring.release(rows - 2);
-      ring.release(rows - 1);
-    }
-  }
-};
-
-// SelfFeed (Traits::kSelfFed): the consumer warpgroup loads its own rows into the window's three slots, no
-// mbarriers. At a strip's start it fills all three; then each step, once every warp has read the window's oldest
+// The rows of a self-fed consumer (Traits::kSelfFed): window() loads (at a strip's start) and names the step's three
+// slots, release_oldest() runs once the MMAs have read the window's oldest row, end_step() once they have read all of
+// it. The consumer warpgroup loads its own rows into the window's three slots, no mbarriers. At a strip's start it fills all three; then each step, once every warp has read the window's oldest
 // row (the named barrier in release_oldest, which also publishes the row stored one step before), it stores the
 // next step's new row, loaded into registers a step ahead, into that slot, and issues the loads of the row after it.
 // Aligned rows (kVec16) take no branch there, so ptxas can interleave the stores with the MMAs that follow: where no
@@ -1416,10 +1391,11 @@ struct SelfFeed {
   __device__ void end_step(bool strip_ends) { rows += !strip_ends; }
 };
 
-// A consumer's walk over its steps [begin, end): take the step's window from the feed, issue the MMAs over it, write
-// the previous step while they run (wgmma: in flight; mma.sync: the tail of the tensor pipe's queue), release the
-// rows no later step needs once the MMAs have read them, and reduce the step. No MMA stays in flight across the
-// loop's back edge.
+// A self-fed consumer's walk over its steps [begin, end): take the step's window from the feed, issue the MMAs over
+// it, write the previous step while the tail of the tensor pipe's queue drains, let the feed refill the oldest slot
+// once the MMAs have read it, and reduce the step. The producer-fed consumers (in the kernel) walk their steps the
+// same way with their ring; their loop stays written out there: expressed through this function, with the ring as a
+// feed, ptxas scheduled sm90_tf32x3 differently and it ran 7% slower (1.098 against 1.023 ms, docs/perf-notes.md v16).
 template <class Traits, bool kSave, class Feed>
 __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
                                               const typename Traits::Elem* __restrict__ b,
@@ -1461,7 +1437,9 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
-// there; the consumers take their rows from the ring (RingFeed). Otherwise each consumer loads its own (SelfFeed).
+// there. Each consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window, write the
+// previous step while they run, release the rows no later step needs once the MMAs have read them, and reduce the
+// step. Without producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
@@ -1469,6 +1447,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps) {
   if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
+    using Elem = typename Traits::Elem;
     using Ring = typename Traits::Ring;
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const shared = smem + Traits::kSharedOffset;
@@ -1482,19 +1461,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
     const int col_blocks = Traits::col_blocks(OW);
-    const bool producing = (int)threadIdx.x < Traits::kProducers;
-    const int c = producing ? threadIdx.x / Traits::kProducerThreads
-                            : (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
-    int64_t begin, end;
-    step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
-               begin, end);
-    const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
-    const auto consume = [&](auto& feed) {
-      consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
-                                   smem + c * Traits::kConsumerBytes, shared);
-    };
     if constexpr (Traits::kSelfFed) {
+      const int c = threadIdx.x / Traits::kWarpgroup, ctid = threadIdx.x % Traits::kWarpgroup;
+      int64_t begin, end;
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
       const typename Traits::Producer producer(x, H, W, ctid);
+      const auto consume = [&](auto& feed) {
+        consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
+                                     smem + c * Traits::kConsumerBytes, shared);
+      };
       if (producer.vec16) {
         SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
         consume(feed);
@@ -1502,7 +1478,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
         consume(feed);
       }
-    } else if (producing) {
+    } else if (threadIdx.x < Traits::kProducers) {
+      const int c = threadIdx.x / Traits::kProducerThreads;
+      int64_t begin, end;
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
       const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads);
       const RowCursor rows(begin, end, OH, col_blocks);
       if (producer.vec16) {
@@ -1511,8 +1491,48 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      RingFeed<Traits> feed(ring(c));
-      consume(feed);
+      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
+      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
+      int64_t begin, end;
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
+      const Ring rows_in = ring(c);
+      typename Traits::Mainloop mainloop(shared, b, ctid);
+      using Epilogue = typename Traits::template EpilogueFor<kSave>;
+      Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid);
+      StepWalker at(begin, OH, col_blocks);
+      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
+      // so the tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
+      typename Epilogue::Partial pending;
+      int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
+      int pending_col0 = 0;
+      const auto row_out = [&](int64_t row) {
+        return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
+      };
+      for (int64_t s = begin; s < end; ++s, at.advance()) {
+        const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
+        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);
+        const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
+        typename Traits::Mainloop::Accum acc;
+        unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};
+        const int col0 = at.cb * Traits::kTileCols;
+        // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
+        // once per step, as soon as it may.
+        const auto release_oldest = [&] { rows_in.release(rows - 3); };
+        mainloop.start(acc, window, col0, OW, release_oldest);
+        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+        mainloop.finish(acc, release_oldest);
+        // At a strip's end the next step starts a new window: free the other two rows as well.
+        if (strip_ends) {
+          rows_in.release(rows - 2);
+          rows_in.release(rows - 1);
+        }
+        pending = epilogue.reduce(acc);
+        pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+        pending_col0 = col0;
+      }
+      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
     }
   }
 }

@@ -109,14 +109,21 @@ MUTANTS = {
     ),
     # a consumer never writes the last step of its range (its write waits for a next step that never comes)
     "last_step_never_written": (
-        "  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
+        "      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
         ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
+    # a self-fed consumer never writes the last step of its range
+    "self_fed_last_step_never_written": (
+        "  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
+        "",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "3x16x40x600")],
+    ),
     # the deferred write lands in the current step's row instead of the previous step's
     "write_goes_to_the_current_row": (
-        "if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
-        "if (i != 0) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
+        "if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
+        "if (s != begin) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
         ["test_full_size_matches_reference[0]"],
     ),
     # a weight that TF32 holds exactly keeps a zero small part: 0 * inf = NaN where the reference has an infinity

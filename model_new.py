@@ -1534,6 +1534,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
     }
+  } else {
+    // Compiled out for this arch (no such MMA, or more shared memory than it gives a block): the chooser never picks
+    // it here; were it launched all the same, fail loudly rather than leave the output unwritten.
+    __trap();
   }
 }
 

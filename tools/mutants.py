@@ -99,7 +99,8 @@ MUTANTS = {
         "      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));",
         "      producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows));",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x301x19"),
-         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19")],
+         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19"),
+         node("test_edge_shapes", "kernel-sm80_tf32", "64x16x20x19")],
     ),
     # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
@@ -119,6 +120,12 @@ MUTANTS = {
         "",
         [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"),
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "3x16x40x600")],
+    ),
+    # a self-fed consumer's deferred write lands in the current step's row instead of the previous step's
+    "self_fed_write_goes_to_the_current_row": (
+        "if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);",
+        "if (i != 0) epilogue.write(pending, row_out((at.n * OH + at.oy) * (int64_t)OW), col0, OW);",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"), "test_other_precisions_full_size[strict_fp32]"],
     ),
     # the deferred write lands in the current step's row instead of the previous step's
     "write_goes_to_the_current_row": (

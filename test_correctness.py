@@ -397,6 +397,16 @@ def _ptxas_report(tmp_path, arch="90a"):
     return proc.stderr
 
 
+def _host_program(tmp_path, name, main):
+    """The CUDA source with `main` appended, built for the host (and sm_80) with nvcc: the path of the executable."""
+    src, exe = tmp_path / f"{name}.cu", tmp_path / name
+    src.write_text(model_new.cuda_source() + main)
+    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return exe
+
+
 def _ptxas_kernels(report):
     """ptxas's report split per kernel (mangled name -> its lines), after checking that it has no warning and that
     no kernel uses a stack frame or spills."""
@@ -423,12 +433,8 @@ int main() {
 @pytest.fixture(scope="module")
 def fused_smem_bytes(tmp_path_factory):
     """Each FUSED_TABLE row's shared memory per CTA, from the CUDA source's host code (no GPU needed)."""
-    tmp = tmp_path_factory.mktemp("smem")
-    src, exe = tmp / "smem.cu", tmp / "smem"
-    src.write_text(model_new.cuda_source() + SMEM_MAIN.replace("@KERNELS@", str(len(model_new.FUSED_TABLE))))
-    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    exe = _host_program(tmp_path_factory.mktemp("smem"), "smem",
+                        SMEM_MAIN.replace("@KERNELS@", str(len(model_new.FUSED_TABLE))))
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert len(out) == len(model_new.FUSED_KERNELS), out
     return dict(zip(model_new.FUSED_KERNELS, map(int, out)))
@@ -501,15 +507,10 @@ def test_chooser_picks_only_kernels_each_arch_can_launch(tmp_path):
     """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision and backend:
     what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is nothing
     below sm_80, and exists for every precision on every sm_80+ arch (fused everywhere from sm_80)."""
-    src = tmp_path / "chooser.cu"
     sms = sorted(SMEM_OPTIN_BY_ARCH)
-    src.write_text(model_new.cuda_source() + CHOOSER_MAIN.replace("@SMS@", ", ".join(map(str, sms))).replace(
+    exe = _host_program(tmp_path, "chooser", CHOOSER_MAIN.replace("@SMS@", ", ".join(map(str, sms))).replace(
         "@SMEM@", ", ".join(str(SMEM_OPTIN_BY_ARCH[s]) for s in sms)).replace(
         "@PRECISIONS@", str(len(model_new.PRECISIONS))))
-    exe = tmp_path / "chooser"
-    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
     rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
     assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * 2
@@ -571,12 +572,7 @@ def test_argmin_order_is_torch_mins_in_any_fold_order(tmp_path):
             for _ in range(20)]
     rows += [torch.randn(64, generator=gen) for _ in range(50)]
     assert sum(not r.isnan().any() and (r == r.min()).sum() > 1 for r in rows) > 100  # ties at the min
-    src = tmp_path / "argmin.cu"
-    src.write_text(model_new.cuda_source() + ARGMIN_MAIN)
-    exe = tmp_path / "argmin"
-    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    exe = _host_program(tmp_path, "argmin", ARGMIN_MAIN)
     stdin = "".join(f"{len(r)} " + " ".join(f"{b & 0xFFFFFFFF:08x}" for b in r.view(torch.int32).tolist()) + "\n"
                     for r in rows)
     out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True).stdout

@@ -62,15 +62,15 @@ FUSED_TABLE = (
     FusedKernel("sm90_bf16", "wgmma", "bf16", 256, 2, 4, 8),
     FusedKernel("sm90_fp16", "wgmma", "fp16", 256, 2, 4, 8),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
-    # rows; 138.6 KB (TF32) and 126.3 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
-    # producer (3 slots, the oldest row released early, 87.9 KB), 3xTF32 self-fed on 64-column tiles (100.2 KB).
-    # 16-bit: one consumer and a producer, 44.5 KB, every sm_80+ GPU.
+    # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
+    # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
+    # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
     FusedKernel("sm80_tf32", "mma_sync", "tf32", 256, 2, 0, 3),
     FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", 256, 1, 4, 3),
     FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", 128, 2, 0, 3),
     FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", 64, 2, 0, 3),
-    FusedKernel("sm80_bf16", "mma_sync", "bf16", 256, 1, 4, 3),
-    FusedKernel("sm80_fp16", "mma_sync", "fp16", 256, 1, 4, 3),
+    FusedKernel("sm80_bf16", "mma_sync", "bf16", 256, 2, 0, 3),
+    FusedKernel("sm80_fp16", "mma_sync", "fp16", 256, 2, 0, 3),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
@@ -242,6 +242,15 @@ __device__ __forceinline__ float round_to_tf32(float v) {
   return __uint_as_float(r);
 }
 
+// The same rounding for a tensor core that ignores the 13 low bits (all of them do): half a TF32 unit added to the
+// magnitude, the low bits left as the add leaves them (CUTLASS's round_half_ulp_truncate). The carry rounds up into
+// the exponent where it must; the largest floats round to infinity, as cvt.rna's do; infinities and NaNs pass as
+// they are (the guard: an add would carry a NaN with every bit set out to a zero). One add and a select against
+// cvt.rna's add, mask and select.
+__device__ __forceinline__ float round_to_tf32_half_ulp(float v) {
+  return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;
+}
+
 // v = big + small for 3xTF32. big: v truncated to TF32 (never overflows), or the canonical NaN where v is NaN (a NaN
 // whose payload sits only in the 13 low bits would read as infinity to a tensor core that ignores them); v - big is
 // then exact and has v's sign. small: that remainder rounded to nearest, which keeps the sign; 0 where v is not
@@ -324,18 +333,36 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
   __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
   __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
 };
+// 16-bit tags also own a packed min: pack2 rounds two fp32 values to the element type into one word (lo in the low
+// half), min2 takes the NaN-propagating min of each half. Rounding is monotonic, so the min of rounded values is the
+// rounded min, which the output's one rounding then leaves as it is (the reference rounds its conv output to the
+// element type before its min, too).
+#define KB25_PACKED_MIN(PTX)                                                                    \
+  __device__ static uint32_t pack2(float lo, float hi) {                                        \
+    uint32_t r = 0;                                                                             \
+    if constexpr (kHasFused) asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo)); \
+    return r;                                                                                   \
+  }                                                                                             \
+  __device__ static uint32_t min2(uint32_t a, uint32_t b) {                                     \
+    uint32_t r = 0;                                                                             \
+    if constexpr (kHasFused) asm("min.NaN." PTX "x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));  \
+    return r;                                                                                   \
+  }
 struct Bf16 {  // operands as they come, fp32 accumulation
   using Elem = __nv_bfloat16;
   static constexpr int kMmaK = 16;
   static constexpr bool kSplit = false;
   __device__ static Elem to_tensor_core(Elem v) { return v; }
+  KB25_PACKED_MIN("bf16")
 };
 struct Fp16 {
   using Elem = __half;
   static constexpr int kMmaK = 16;
   static constexpr bool kSplit = false;
   __device__ static Elem to_tensor_core(Elem v) { return v; }
+  KB25_PACKED_MIN("f16")
 };
+#undef KB25_PACKED_MIN
 
 // ================================================================ MMA atoms
 // Selects an MMA wrapper (wgmma and mma.sync) by operand type.
@@ -384,7 +411,7 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offs
 // [copy][channel group][column][kGroupChannels channels]: 16 bytes per (group, column), so 8 consecutive columns of
 // one group are one 8 x 16-byte core matrix wherever they start. Every tap's operand is then a plain wgmma
 // descriptor into the slot, and mma.sync's fragment loads hit 32 distinct banks.
-template <class Precision_, int kTileCols_, bool kSplitInSlot_>
+template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
   using Elem = typename Precision::Elem;
@@ -394,8 +421,10 @@ struct ConvGeometry {
   static constexpr int kTaps = kKsize * kKsize;
   static constexpr int kWarpgroup = 128;  // threads of one consumer (and of the producer warpgroup)
   static constexpr int kTileCols = kTileCols_;
+  // wgmma: the tensor cores read the slots themselves; mma.sync loads them into registers first.
+  static constexpr bool kMmaReadsSlots = kMmaReadsSlots_;
   // 3xTF32 with the split on the way into shared memory: two operand copies (big, small) per slot.
-  static constexpr bool kSplitInSlot = Precision::kSplit && kSplitInSlot_;
+  static constexpr bool kSplitInSlot = Precision::kSplit && kMmaReadsSlots;
   static constexpr int kCopies = kSplitInSlot ? 2 : 1;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;
@@ -700,6 +729,10 @@ struct RowProducer {
         Precision::split(__uint_as_float(v[i]), b, sm);
         out[i] = __float_as_uint(b);
         small[i] = __float_as_uint(sm);
+      } else if constexpr (!Geometry::kMmaReadsSlots && std::is_same_v<Precision, Tf32RoundNearest>) {
+        // mma.sync TF32: the same rounding by one add. Measured (docs/perf-notes.md): the self-fed kernel
+        // 0.64 ms with it, 0.70 with cvt.rna; for wgmma the other way round (0.402 with cvt.rna, 0.413 with the add).
+        out[i] = __float_as_uint(round_to_tf32_half_ulp(__uint_as_float(v[i])));
       } else {
         out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
       }
@@ -871,8 +904,10 @@ struct MmaSyncMainloop {
   using Accum = float[kMTiles][kNTiles][4];
   static constexpr int kWeightWords = Geometry::kKSteps * (kNTiles / 2) * 32 * 4;  // one copy
   static constexpr int kWeightCopies = kSplit ? 2 : 1;
-  // The weights (big, then small for 3xTF32), then the bias in fp32.
-  static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + Geometry::kCout * 4;
+  // The weights (big, then small for 3xTF32), then the bias in fp32 as C fragments: float4 (nt * 4 + t) holds
+  // b[8 nt + 2t], b[8 nt + 2t + 1] twice (rows g and g + 8), the C operand of an n-tile's first MMA.
+  static constexpr int kBiasQuads = Geometry::kCout / 2;
+  static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
   // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32: every A,
   // big and small).
   static constexpr int kRegisters =
@@ -911,77 +946,61 @@ struct MmaSyncMainloop {
       }
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    for (int i = threadIdx.x; i < Geometry::kCout; i += blockDim.x) bdst[i] = static_cast<float>(b[i]);
+    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = static_cast<float>(b[i / 4 * 2 + (i & 1)]);
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
-  // pixels, columns channels). release_oldest() runs once the first kernel row's k-steps have loaded their A.
+  // pixels, columns channels). The bias enters as the C operand of each accumulator's first MMA (3xTF32's small
+  // products start from zero the same way): no instructions to set the accumulators. release_oldest() runs once the
+  // first kernel row's k-steps have loaded their A.
   template <class Release>
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW, const Release& release_oldest) {
     const int lane = ctid & 31, warp_col = (ctid >> 5) * kWarpCols;
+    if (col0 + warp_col >= OW) {  // this warp's pixels are all past the edge: nothing is stored, but the reduce reads
+#pragma unroll                    // defined values
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-      // Read every step (volatile: not hoisted out of the step loop), so the bias holds no registers across it.
-      const volatile float* const bv = bsm + nt * 8 + 2 * (lane & 3);
-      const float2 bb = make_float2(bv[0], bv[1]);
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        acc[mt][nt][0] = acc[mt][nt][2] = bb.x;
-        acc[mt][nt][1] = acc[mt][nt][3] = bb.y;
-      }
-    }
-    if (col0 + warp_col >= OW) {  // this warp's pixels are all past the edge
+        for (int nt = 0; nt < kNTiles; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
       release_oldest();
       return;
     }
-    float small[kSplit ? kMTiles : 1][kSplit ? kNTiles : 1][4];
-    if constexpr (kSplit) {
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) small[mt][nt][0] = small[mt][nt][1] = small[mt][nt][2] = small[mt][nt][3] = 0.f;
-    }
+    Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
+    // The first k-step with C = the bias (tap 0 on its own), unless this is 3xTF32 on sm_100+: there ptxas spills
+    // that form, and the accumulators start from moves (the bias, and 0 for the small products) instead. One k-step
+    // a trip does not spill either, but runs 7% slower (docs/perf-notes.md).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+    constexpr bool kBiasInC = !kSplit;
+#else
+    constexpr bool kBiasInC = true;
+#endif
+    if constexpr (kBiasInC) {
+      const uint32_t row0 = smem_u32(rows[0]) + lane_offset;
+      k_step<true>(acc, small, row0, 0, lane);
+#pragma unroll
+      for (int kb = 1; kb < Geometry::kKStepsPerTap; ++kb)
+        k_step<false>(acc, small, row0 + 2 * kb * Geometry::kGroupBytes, kb, lane);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const float4 bias = bias_fragment(nt, lane);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          acc[mt][nt][0] = bias.x, acc[mt][nt][1] = bias.y, acc[mt][nt][2] = bias.z, acc[mt][nt][3] = bias.w;
+          if constexpr (kSplit) small[mt][nt][0] = small[mt][nt][1] = small[mt][nt][2] = small[mt][nt][3] = 0.f;
+        }
+      }
+    }
     // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
     // hoists loads until it spills); the others unroll every k-step.
-#pragma unroll(kSplit ? 1 : Geometry::kTaps)
-    for (int tap = 0; tap < Geometry::kTaps; ++tap) {
+#pragma unroll(kSplit ? 1 : Geometry::kTaps - 1)
+    for (int tap = kBiasInC ? 1 : 0; tap < Geometry::kTaps; ++tap) {
       const int kh = tap / 3, kw = tap % 3;
       const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
 #pragma unroll
-      for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb) {
-        const int ks = tap * Geometry::kKStepsPerTap + kb;
-        const uint32_t a_addr = row + 2 * kb * Geometry::kGroupBytes;
-        uint32_t bw[kNTiles][2], bs[kSplit ? kNTiles : 1][2];
-        load_b(bw, ks, lane, 0);
-        if constexpr (kSplit) {
-          load_b(bs, ks, lane, kWeightWords);
-          uint32_t a[kMTiles][4], as[kMTiles][4];
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) split_word(a[mt][r], a[mt][r], as[mt][r]);
-          }
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              mma_sync(small[mt][nt], a[mt], bs[nt][0], bs[nt][1], Operand<float>{});
-              mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});
-              mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], Operand<float>{});
-            }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            uint32_t a[4];
-            ldmatrix_x4(a, a_addr + mt * 16 * 16);
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<Elem>{});
-          }
-        }
-      }
+      for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb)
+        k_step<false>(acc, small, row + 2 * kb * Geometry::kGroupBytes, tap * Geometry::kKStepsPerTap + kb, lane);
       // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
       // arrive releases at CTA scope: the producer, which acquires it, cannot overwrite the slot before those reads.
       if (tap == 2) release_oldest();
@@ -994,6 +1013,63 @@ struct MmaSyncMainloop {
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
     }
+  }
+  using Small = float[kSplit ? kMTiles : 1][kSplit ? kNTiles : 1][4];  // 3xTF32: the small products
+  // One k-step's MMAs over the A fragments at a_addr (m-tile mt at + 256 mt bytes). kFirst: the accumulators' first
+  // MMA, C = the bias (and 0 for the small products), n-tile by n-tile so that one bias fragment is live at a time.
+  template <bool kFirst>
+  __device__ void k_step(Accum& acc, Small& small, uint32_t a_addr, int ks, int lane) const {
+    uint32_t bw[kNTiles][2], bs[kSplit ? kNTiles : 1][2];
+    load_b(bw, ks, lane, 0);
+    if constexpr (kSplit || kFirst) {
+      uint32_t a[kMTiles][4], as[kSplit ? kMTiles : 1][4];
+      if constexpr (kSplit) load_b(bs, ks, lane, kWeightWords);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
+        if constexpr (kSplit) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) split_word(a[mt][r], a[mt][r], as[mt][r]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const float4 bias = kFirst ? bias_fragment(nt, lane) : float4{};
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if constexpr (kSplit) {
+            if constexpr (kFirst) {
+              mma_sync(small[mt][nt], a[mt], bs[nt][0], bs[nt][1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
+            } else {
+              mma_sync(small[mt][nt], a[mt], bs[nt][0], bs[nt][1], Operand<float>{});
+            }
+            mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});
+          }
+          if constexpr (kFirst) {
+            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], bias, Operand<Elem>{});
+          } else {
+            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], Operand<Elem>{});
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        uint32_t a[4];
+        ldmatrix_x4(a, a_addr + mt * 16 * 16);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<Elem>{});
+      }
+    }
+  }
+  // The bias C fragment of n-tile nt, read every step (volatile asm: not hoisted out of the step loop, so the bias
+  // holds no registers across it).
+  __device__ float4 bias_fragment(int nt, int lane) const {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(smem_u32(bsm + (nt * 4 + (lane & 3)) * 4)));
+    return v;
   }
   template <class Release>
   __device__ void finish(Accum&, const Release&) {}
@@ -1084,6 +1160,20 @@ struct WgmmaEpilogue {
     }
   }
 
+  // 16-bit, not saving: the minima go through the butterfly packed two to a word, rounded to the element type
+  // (Precision::pack2 / min2): half the shuffles and mins, and half the buffer.
+  using Precision = typename Geometry::Precision;
+  using Elem = typename Geometry::Elem;
+  static constexpr bool kPacked = !kSave && sizeof(Elem) == 2;
+  template <int kHalf>
+  __device__ static void fold_packed(uint32_t (&v)[kNBlocks], bool upper, int lane_mask) {
+#pragma unroll
+    for (int i = 0; i < kHalf; ++i) {
+      const uint32_t send = upper ? v[i] : v[i + kHalf], keep = upper ? v[i + kHalf] : v[i];
+      v[i] = Precision::min2(keep, __shfl_xor_sync(0xffffffffu, send, lane_mask));
+    }
+  }
+
   // What a reduced step keeps in registers until its write: nothing, its warps' minima wait in shared memory.
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, the butterfly, and the warp's
@@ -1091,6 +1181,23 @@ struct WgmmaEpilogue {
   __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
+    const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
+    if constexpr (kPacked) {
+      uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1
+#pragma unroll
+      for (int j = 0; j < kNBlocks; ++j) v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
+      fold_packed<kNBlocks / 2>(v, g & 1, 4);
+      fold_packed<kNBlocks / 4>(v, (g >> 1) & 1, 8);
+      fold_packed<kNBlocks / 8>(v, (g >> 2) & 1, 16);
+      uint32_t* const row = reinterpret_cast<uint32_t*>(red + turn * kBufferFloats) + warp * kRedPitch / 2;
+#pragma unroll
+      for (int i = 0; i < kFinal / 2; ++i) row[skewed(8 * (first / 2 + i) + 2 * t) / 2] = v[i];
+    } else {
+      reduce_unpacked(acc, g, t, warp, first);
+    }
+    return {};
+  }
+  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first) const {
     float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
     uint32_t ch[kChannelWords];
 #pragma unroll
@@ -1115,7 +1222,6 @@ struct WgmmaEpilogue {
     fold<kNBlocks>(v, ch, g & 1, 4);
     fold<kNBlocks / 2>(v, ch, (g >> 1) & 1, 8);
     fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);
-    const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
     float* const row = red + turn * kBufferFloats + warp * kRedPitch;
     unsigned char* const row_ch = red_channel + turn * kBufferFloats + warp * kRedPitch;
 #pragma unroll
@@ -1124,7 +1230,6 @@ struct WgmmaEpilogue {
       *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
       if constexpr (kSave) *reinterpret_cast<uint16_t*>(row_ch + skewed(pixel)) = (uint16_t)(ch[i / 4] >> 8 * (i % 4));
     }
-    return {};
   }
   // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
   // min over them (warp w holds channels 16w..16w+15), tanh, tanh and the store.
@@ -1147,6 +1252,12 @@ struct WgmmaEpilogue {
           for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
           dst.argmin[col] = (unsigned char)channel;
           dst.pre_min[col] = m;
+          // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
+          if constexpr (sizeof(Elem) == 2) m = static_cast<float>(static_cast<Elem>(m));
+        } else if constexpr (kPacked) {  // element at in each warp's row of kRedPitch elements
+          const Elem* const e = reinterpret_cast<const Elem*>(buffer);
+          m = nan_min(nan_min(static_cast<float>(e[at]), static_cast<float>(e[kRedPitch + at])),
+                      nan_min(static_cast<float>(e[2 * kRedPitch + at]), static_cast<float>(e[3 * kRedPitch + at])));
         } else {
           m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
                       nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
@@ -2587,7 +2698,7 @@ _MMA_SYNC_SHAPES = (("float", "m16n8k8", "tf32"), ("__nv_bfloat16", "m16n8k16", 
 
 
 def _mma_sync_wrappers():
-    """mma.sync wrappers, D += A * B with fp32 accumulators, one per operand type (_MMA_SYNC_SHAPES)."""
+    """mma.sync wrappers with fp32 accumulators, one pair per operand type (_MMA_SYNC_SHAPES): D += A * B, and D = A * B + C."""
     out = []
     for elem, shape, ptx in _MMA_SYNC_SHAPES:
         out.append(f"""__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
@@ -2596,6 +2707,14 @@ def _mma_sync_wrappers():
   asm("mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};\\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
+                                         Operand<{elem}>) {{  // D = A * B + C
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.{shape}.row.col.f32.{ptx}.{ptx}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%10,%11,%12,%13}};\\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
 #endif
 }}""")
     return "\n".join(out)

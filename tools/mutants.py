@@ -47,6 +47,26 @@ MUTANTS = {
         "r = __float_as_uint(v);",
         ["test_full_size_matches_reference[0]"],
     ),
+    # TF32 rounding as an integer add and mask: right for every number, but a NaN with every bit set carries out to
+    # a zero (the wgmma TF32 inputs, every kernel's weights)
+    "tf32_rounding_wraps_nan": (
+        'asm("cvt.rna.tf32.f32 %0, %1;\\n" : "=r"(r) : "f"(v));',
+        "r = (__float_as_uint(v) + 0x1000u) & 0xFFFFE000u;",
+        [node("test_nan_and_inf_inputs", "fused-tf32"), node("test_nan_and_inf_inputs", "kernel-sm90_tf32")],
+    ),
+    # mma.sync TF32 inputs reach the tensor cores unrounded: truncated TF32
+    "mma_sync_no_tf32_rounding": (
+        "return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;",
+        "return v;",
+        [node("test_device_profiles_choose_and_compute_right", shape="A100"),
+         node("test_device_profiles_choose_and_compute_right", shape="A10G")],
+    ),
+    # the one-add rounding without its guard: a NaN with every bit set carries out to a zero
+    "mma_sync_tf32_rounding_wraps_nan": (
+        "return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;",
+        "return __uint_as_float(__float_as_uint(v) + 0x1000u);",
+        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k")],
+    ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
         """        wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});
@@ -164,9 +184,22 @@ MUTANTS = {
         "kPerWord * (e & 1) + h;",
         [node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67")],
     ),
+    # mma.sync's first MMA starts from zero instead of the bias fragment: no bias in any channel
+    "mma_sync_bias_dropped": (
+        "            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], bias, Operand<Elem>{});",
+        "            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
+    ),
+    # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
+    "mma_sync_bias_fragment_columns": (
+        "bdst[i] = static_cast<float>(b[i / 4 * 2 + (i & 1)]);",
+        "bdst[i] = static_cast<float>(b[i / 4 * 2]);",
+        [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
+    ),
     # mma.sync 3xTF32 without the big(w) * small(x) product
     "mma_sync_strict_drops_a_small_product": (
-        "              mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});\n",
+        "            mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});\n",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
     ),

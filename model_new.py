@@ -760,7 +760,7 @@ struct RowProducer {
 
 // ================================================================ mainloops (MMA policies)
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
-// release_oldest) sets the accumulators to the bias and issues the MMAs of one step over the three slots of rows
+// release_oldest) starts the accumulators from the bias and issues the MMAs of one step over the three slots of rows
 // oy..oy+2; finish(acc, release_oldest) waits for them. Each calls release_oldest() once per step, as soon as the
 // window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between the two,
 // while the consumer writes its previous step; mma.sync has issued everything when start() returns.
@@ -908,8 +908,9 @@ struct MmaSyncMainloop {
   // b[8 nt + 2t], b[8 nt + 2t + 1] twice (rows g and g + 8), the C operand of an n-tile's first MMA.
   static constexpr int kBiasQuads = Geometry::kCout / 2;
   static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
-  // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32: every A,
-  // big and small).
+  // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32, and the
+  // first k-step, whose MMAs go n-tile by n-tile: every A, 3xTF32 big and small; the first k-step also one bias
+  // fragment).
   static constexpr int kRegisters =
       kWeightCopies * (kMTiles * kNTiles * 4 + kNTiles * 2) + (kSplit ? 8 * kMTiles : 4);
   static_assert(kWarpCols % 16 == 0 && kMTiles >= 1, "whole m16 tiles per warp");
@@ -967,11 +968,11 @@ struct MmaSyncMainloop {
     Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
-    // The first k-step with C = the bias (tap 0 on its own), unless this is 3xTF32 on sm_100+: there ptxas spills
-    // that form, and the accumulators start from moves (the bias, and 0 for the small products) instead. One k-step
-    // a trip does not spill either, but runs 7% slower (docs/perf-notes.md).
+    // The first k-step with C = the bias (tap 0 on its own), unless this is 3xTF32 with two m-tiles a warp on sm_100+:
+    // there ptxas spills that form, and the accumulators start from moves (the bias, and 0 for the small products)
+    // instead. One k-step a trip does not spill either, but runs 7% slower on the H200 (docs/perf-notes.md).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    constexpr bool kBiasInC = !kSplit;
+    constexpr bool kBiasInC = !(kSplit && kMTiles > 1);
 #else
     constexpr bool kBiasInC = true;
 #endif
@@ -1506,7 +1507,7 @@ struct SelfFeed {
 // it, write the previous step while the tail of the tensor pipe's queue drains, let the feed refill the oldest slot
 // once the MMAs have read it, and reduce the step. The producer-fed consumers (in the kernel) walk their steps the
 // same way with their ring; their loop stays written out there: expressed through this function, with the ring as a
-// feed, ptxas scheduled sm90_tf32x3 differently and it ran 7% slower (1.098 against 1.023 ms, docs/perf-notes.md v16).
+// feed, ptxas scheduled sm90_tf32x3 differently and it ran 7% slower (1.098 against 1.023 ms, docs/perf-notes.md).
 template <class Traits, bool kSave, class Feed>
 __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
                                               const typename Traits::Elem* __restrict__ b,
@@ -2917,7 +2918,7 @@ def saves_argmin(x, weight):
 
 # Whether a forward that autograd records saves the argmin and pre-tanh min (kb25::conv_min_tanh2_with_argmin) or
 # runs the inference kernel and leaves them to its backward (kb25::conv_min_tanh2, whose backward runs the saving
-# forward first). The saving forward costs about twice the inference one (docs/perf-notes.md, v15), and a forward
+# forward first). The saving forward costs about twice the inference one (docs/perf-notes.md), and a forward
 # with grad enabled is not always followed by a backward (KernelBench times ModelNew with grad enabled), so a
 # process starts without saving and saves from the first backward through the op on: a training loop recomputes
 # once. Both give the same gradients, bit for bit. Process-wide, like emulate_device: the state lives in a module of

@@ -1103,6 +1103,29 @@ def test_nan_and_inf_inputs(key, tf32_default):
     _check_output(got, want, x, ref, case.backend, case.precision)
 
 
+# The fused TF32 kernels: their operands are rounded to TF32 by an add and a mask on the bits (cvt.rna.tf32.f32 as
+# ptxas builds it; mma.sync's inputs by the add alone), which leaves a NaN whose payload sits only in the 13 low bits
+# reading as an infinity to the tensor cores. A known defect, not yet fixed: see docs/perf-notes.md, Next.
+TF32_FUSED_KEYS = [k for k, c in harness.CASES.items()
+                   if c.precision == "tf32" and c.backend != "cudnn_epilogue"]
+
+
+@needs_cuda
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known defect: a TF32 NaN with only low payload bits reads as infinity")
+@pytest.mark.parametrize("key", TF32_FUSED_KEYS)
+def test_tf32_nan_with_only_low_payload_bits_stays_nan(key, tf32_default):
+    """A NaN whose payload is only in the 13 bits TF32 drops (0x7f800001, 0xff801000): the reference's conv gives NaN
+    at every pixel it feeds; the fused TF32 kernels give tanh(tanh(+-inf)) there (checked on the H200)."""
+    case, ref, fn, dtype = _case(key, 9)
+    x = make_input((2, 16, 20, 20), seed=5, device="cuda").to(dtype)
+    bits = x.view(torch.int32)
+    bits[0, 3, 5, 5] = 0x7F800001
+    bits[1, 9, 12, 7] = -8384512  # 0xff801000
+    want, got = _run(ref, x), fn(x)
+    assert torch.isnan(want[0, 0, 4, 4]) and torch.isnan(want[1, 0, 11, 6])
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
+
+
 @needs_cuda
 @pytest.mark.parametrize("key", CASE_KEYS)
 def test_nan_wins_over_inf_channels_in_the_min(key, tf32_default):

@@ -67,6 +67,24 @@ MUTANTS = {
         "return __uint_as_float(__float_as_uint(v) + 0x1000u);",
         [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k")],
     ),
+    # the 16-bit wgmma reduce packs each pixel pair the wrong way round: adjacent pixels' outputs exchanged
+    "packed_min_pairs_swapped": (
+        'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(hi), "f"(lo));',
+        'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(lo), "f"(hi));',
+        ["test_other_precisions_full_size[bf16]", "test_other_precisions_full_size[fp16]"],
+    ),
+    # the packed butterfly's min drops NaN (min instead of min.NaN)
+    "packed_min_drops_nan": (
+        'asm("min.NaN." PTX "x2 %0, %1, %2;\\n"',
+        'asm("min." PTX "x2 %0, %1, %2;\\n"',
+        [node("test_nan_wins_over_inf_channels_in_the_min", "fused-bf16"), node("test_nan_and_inf_inputs", "kernel-sm90_fp16")],
+    ),
+    # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
+    "saving_forward_keeps_the_unrounded_min": (
+        "          if constexpr (sizeof(Elem) == 2) m = static_cast<float>(static_cast<Elem>(m));\n",
+        "",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
         """        wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});

@@ -315,21 +315,26 @@ struct RowOut {
 // ================================================================ precisions (multiply-add tags)
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
 // tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for an input or
-// weight value; kSplit tags (3xTF32) instead split each operand into big + small (split, split_weight) and keep
-// the two small products in an accumulator of their own. Where the split happens is the mainloop's choice: on the
-// way into shared memory when the MMA reads its operands there (wgmma: two operand copies per slot), or in
-// registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+// weight value, to_registers(v) what an fp32 input becomes in a slot that mma.sync loads into registers (wgmma's
+// slots take to_tensor_core); kSplit tags (3xTF32) instead split each operand into big + small (split,
+// split_weight) and keep the two small products in an accumulator of their own. Where the split happens is the
+// mainloop's choice: on the way into shared memory when the MMA reads its operands there (wgmma: two operand copies
+// per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
 struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = false;
   __device__ static float to_tensor_core(float v) { return round_to_tf32(v); }
+  // An input that mma.sync loads into registers: the same rounding by one add. Measured (docs/perf-notes.md): the
+  // self-fed kernel 0.64 ms with it, 0.70 with cvt.rna; for wgmma the other way round (0.402 with cvt.rna, 0.413).
+  __device__ static float to_registers(float v) { return round_to_tf32_half_ulp(v); }
 };
 struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = true;
   __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
+  __device__ static float to_registers(float v) { return v; }
   __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
   __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
 };
@@ -729,12 +734,10 @@ struct RowProducer {
         Precision::split(__uint_as_float(v[i]), b, sm);
         out[i] = __float_as_uint(b);
         small[i] = __float_as_uint(sm);
-      } else if constexpr (!Geometry::kMmaReadsSlots && std::is_same_v<Precision, Tf32RoundNearest>) {
-        // mma.sync TF32: the same rounding by one add. Measured (docs/perf-notes.md): the self-fed kernel
-        // 0.64 ms with it, 0.70 with cvt.rna; for wgmma the other way round (0.402 with cvt.rna, 0.413 with the add).
-        out[i] = __float_as_uint(round_to_tf32_half_ulp(__uint_as_float(v[i])));
-      } else {
+      } else if constexpr (Geometry::kMmaReadsSlots) {
         out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
+      } else {
+        out[i] = __float_as_uint(Precision::to_registers(__uint_as_float(v[i])));
       }
     }
     store_words(dst, out);
@@ -1186,7 +1189,8 @@ struct WgmmaEpilogue {
     if constexpr (kPacked) {
       uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1
 #pragma unroll
-      for (int j = 0; j < kNBlocks; ++j) v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
+      for (int j = 0; j < kNBlocks; ++j)
+        v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
       fold_packed<kNBlocks / 2>(v, g & 1, 4);
       fold_packed<kNBlocks / 4>(v, (g >> 1) & 1, 8);
       fold_packed<kNBlocks / 8>(v, (g >> 2) & 1, 16);

@@ -235,6 +235,23 @@ __device__ __forceinline__ void named_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// torch.min semantics: NaN wins (fminf would drop it). min.NaN needs sm_80; the select does the same before it.
+__device__ __forceinline__ float nan_min(float a, float b) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a < b || a != a) ? a : b;
+#endif
+}
+
+// Every NaN made the canonical one, every other value left as it is: min.NaN returns the canonical NaN for a NaN
+// operand. TF32 keeps the 19 top bits, so a NaN whose payload sits only in the 13 low bits would read as infinity to a
+// tensor core that ignores them, and cvt.rna (as ptxas builds it) keeps such a NaN's top bits too. The fused kernels
+// need sm_80, where min.NaN exists (before it, nan_min's select returns the NaN as it came).
+__device__ __forceinline__ float canonical_nan(float v) { return nan_min(v, __int_as_float(0x7F800000)); }
+
 // Round to nearest, ties away: what cuDNN's TF32 conv does to its operands (truncation would be 8e-4 off).
 __device__ __forceinline__ float round_to_tf32(float v) {
   uint32_t r;
@@ -242,13 +259,22 @@ __device__ __forceinline__ float round_to_tf32(float v) {
   return __uint_as_float(r);
 }
 
-// The same rounding for a tensor core that ignores the 13 low bits (all of them do): half a TF32 unit added to the
-// magnitude, the low bits left as the add leaves them (CUTLASS's round_half_ulp_truncate). The carry rounds up into
-// the exponent where it must; the largest floats round to infinity, as cvt.rna's do; infinities and NaNs pass as
-// they are (the guard: an add would carry a NaN with every bit set out to a zero). One add and a select against
-// cvt.rna's add, mask and select.
-__device__ __forceinline__ float round_to_tf32_half_ulp(float v) {
-  return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;
+// The same rounding for kN raw fp32 words on their way to a tensor core that ignores the 13 low bits (all of them
+// do): half a TF32 unit added to the magnitude (CUTLASS's round_half_ulp_truncate), the low bits then cleared as
+// cvt.rna clears them (kClear) or left as the add leaves them. The carry rounds up into the exponent where it must;
+// the largest floats round to infinity, as cvt.rna's do, and an infinity keeps its top bits. Right for every value
+// but a NaN (payload only in the low bits: an infinity; every bit set: carried out to a zero): the producer checks
+// its items for NaNs (either_nan) and makes those it finds 0x7FC00000, which stays a NaN.
+template <bool kClear, int kN>
+__device__ __forceinline__ void round_to_tf32_words(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) out[i] = kClear ? (v[i] + 0x1000u) & 0xFFFFE000u : v[i] + 0x1000u;
+}
+// Whether a or b is a NaN: one compare for two words.
+__device__ __forceinline__ bool either_nan(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("{\n .reg .pred p;\n setp.nan.f32 p, %1, %2;\n selp.u32 %0, 1, 0, p;\n}\n" : "=r"(r) : "r"(a), "r"(b));
+  return r != 0;
 }
 
 // v = big + small for 3xTF32. big: v truncated to TF32 (never overflows), or the canonical NaN where v is NaN (a NaN
@@ -273,17 +299,6 @@ __device__ __forceinline__ void split_tf32_weight(float v, float& big, float& sm
   } else if (small == 0.f && big != 0.f) {
     small = copysignf(1.17549435e-38f, big);
   }
-}
-
-// torch.min semantics: NaN wins (fminf would drop it). min.NaN needs sm_80; the select does the same before it.
-__device__ __forceinline__ float nan_min(float a, float b) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return (a < b || a != a) ? a : b;
-#endif
 }
 
 __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
@@ -314,9 +329,10 @@ struct RowOut {
 
 // ================================================================ precisions (multiply-add tags)
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
-// tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for an input or
-// weight value, to_registers(v) what an fp32 input becomes in a slot that mma.sync loads into registers (wgmma's
-// slots take to_tensor_core); kSplit tags (3xTF32) instead split each operand into big + small (split,
+// tag on the same kernel). A tag owns its conversions: to_tensor_core(v) is what the multipliers get for any weight
+// or input value; to_slot(v, out) and to_registers(v, out) the faster ones for kN input words in a slot that wgmma
+// reads or that mma.sync loads into registers (where kFastNeedsNoNaN, right for every word but a NaN: the producer
+// makes NaNs quiet first); kSplit tags (3xTF32) instead split each operand into big + small (split,
 // split_weight) and keep the two small products in an accumulator of their own. Where the split happens is the
 // mainloop's choice: on the way into shared memory when the MMA reads its operands there (wgmma: two operand copies
 // per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
@@ -324,17 +340,28 @@ struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded t
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = false;
-  __device__ static float to_tensor_core(float v) { return round_to_tf32(v); }
-  // An input that mma.sync loads into registers: the same rounding by one add. Measured (docs/perf-notes.md): the
-  // self-fed kernel 0.64 ms with it, 0.70 with cvt.rna; for wgmma the other way round (0.402 with cvt.rna, 0.413).
-  __device__ static float to_registers(float v) { return round_to_tf32_half_ulp(v); }
+  __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
+  // Inputs, kN words at a time, into a slot that wgmma reads (low bits cleared) or that mma.sync loads into registers:
+  // a NaN comes out right only as 0x7FC00000 (kFastNeedsNoNaN).
+  static constexpr bool kFastNeedsNoNaN = true;
+  template <int kN>
+  __device__ static void to_slot(const uint32_t (&v)[kN], uint32_t (&out)[kN]) { round_to_tf32_words<true>(v, out); }
+  template <int kN>
+  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
+    round_to_tf32_words<false>(v, out);
+  }
 };
 struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = true;
   __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
-  __device__ static float to_registers(float v) { return v; }
+  static constexpr bool kFastNeedsNoNaN = false;
+  template <int kN>
+  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = v[i];
+  }
   __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
   __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
 };
@@ -667,17 +694,40 @@ struct RowProducer {
   // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
   // leaves some threads without one).
   __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
-  // The body, then this thread's late item if the row reaches it.
-  __device__ void store(const Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+  // The body, then this thread's late item if the row reaches it. Where the tag's fast conversion needs NaN-free
+  // words, an item with a NaN in it has its NaNs made quiet first (each item on its own: a store waits only for its
+  // own item's loads).
+  __device__ void store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
-      if (mine(k)) store_item(row.raw[k], tid + k * kThreads, slot);
+      if (mine(k)) store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
       uint4 raw[kVec];
       load_item(raw, kBody + tid, x_img, y, col0);
-      store_item(raw, kBody + tid, slot);
+      store_item(quieted(raw), kBody + tid, slot);
     }
   }
+  // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
+  // elements): a NaN that the fast TF32 rounding keeps a NaN (the canonical one, every payload bit set, would carry
+  // out). One compare for two words; the rare item with a NaN takes a select a word.
+  __device__ static const uint4 (&quieted(uint4 (&raw)[kVec]))[kVec] {
+    if constexpr (sizeof(Elem) == 4) {
+      if constexpr (Geometry::Precision::kFastNeedsNoNaN) {
+        bool nan = false;
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
+        if (nan) {
+#pragma unroll
+          for (int c = 0; c < kVec; ++c) {
+            raw[c].x = quiet_nan(raw[c].x), raw[c].y = quiet_nan(raw[c].y);
+            raw[c].z = quiet_nan(raw[c].z), raw[c].w = quiet_nan(raw[c].w);
+          }
+        }
+      }
+    }
+    return raw;
+  }
+  __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
   __device__ void copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
 #pragma unroll 1
     for (int item = tid; item < kItems; item += kThreads) {
@@ -693,7 +743,7 @@ struct RowProducer {
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
-            put(dst + i * 16 + c * 4, w);
+            put<true>(dst + i * 16 + c * 4, w);
           } else {
             *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
           }
@@ -720,28 +770,35 @@ struct RowProducer {
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
     return v;
   }
-  // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding; raw
-  // where 3xTF32 splits in registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and
-  // small into copy 1. 16-bit elements go as they are.
-  template <int kN>
+  // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding, by
+  // to_tensor_core where kExact, else by the fast conversion of NaN-free words; raw where 3xTF32 splits in
+  // registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and small into copy 1. 16-bit
+  // elements go as they are.
+  template <bool kExact, int kN>
   __device__ static void put(unsigned char* dst, const uint32_t (&v)[kN]) {
     using Precision = typename Geometry::Precision;
-    uint32_t out[kN], small[kN];
+    uint32_t out[kN];
+    if constexpr (Geometry::kSplitInSlot) {
+      uint32_t small[kN];
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      if constexpr (Geometry::kSplitInSlot) {
+      for (int i = 0; i < kN; ++i) {
         float b, sm;
         Precision::split(__uint_as_float(v[i]), b, sm);
         out[i] = __float_as_uint(b);
         small[i] = __float_as_uint(sm);
-      } else if constexpr (Geometry::kMmaReadsSlots) {
-        out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
-      } else {
-        out[i] = __float_as_uint(Precision::to_registers(__uint_as_float(v[i])));
       }
+      store_words(dst, out);
+      store_words(dst + Geometry::kCopyBytes, small);
+      return;
+    } else if constexpr (kExact) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
+    } else if constexpr (Geometry::kMmaReadsSlots) {
+      Precision::to_slot(v, out);
+    } else {
+      Precision::to_registers(v, out);
     }
     store_words(dst, out);
-    if constexpr (Geometry::kSplitInSlot) store_words(dst + Geometry::kCopyBytes, small);
   }
   template <int kN>
   __device__ static void store_words(unsigned char* dst, const uint32_t (&v)[kN]) {
@@ -754,7 +811,7 @@ struct RowProducer {
   __device__ static void store_column(unsigned char* dst, uint4 v) {
     if constexpr (sizeof(Elem) == 4) {
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      put(dst, w);
+      put<false>(dst, w);
     } else {
       *reinterpret_cast<uint4*>(dst) = v;
     }
@@ -763,10 +820,10 @@ struct RowProducer {
 
 // ================================================================ mainloops (MMA policies)
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
-// release_oldest) starts the accumulators from the bias and issues the MMAs of one step over the three slots of rows
-// oy..oy+2; finish(acc, release_oldest) waits for them. Each calls release_oldest() once per step, as soon as the
-// window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between the two,
-// while the consumer writes its previous step; mma.sync has issued everything when start() returns.
+// release_oldest) issues the MMAs of one step over the three slots of rows oy..oy+2; finish(acc, release_oldest)
+// waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
+// as the window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between
+// the two, while the consumer writes its previous step; mma.sync has issued everything when start() returns.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -774,7 +831,10 @@ struct RowProducer {
 // ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
-// other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e).
+// other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
+// accumulators from zero (scale-d 0) and finish() adds the bias after the wait: 128 adds a thread after the MMAs,
+// where moves would delay their issue (Tf32x3 starts from moves: its small products have an accumulator of their
+// own).
 template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;
@@ -832,17 +892,16 @@ struct WgmmaMainloop {
   static constexpr bool kReleasesOldestEarly = false;
   template <class Release>
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&) {
-#pragma unroll
-    for (int j = 0; j < kNBlocks; ++j) {
-      acc[j][0] = acc[j][1] = bias_lo;
-      acc[j][2] = acc[j][3] = bias_hi;
-    }
     uint64_t desc[3];
 #pragma unroll
     for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], Geometry::kGroupBytes, 128);
     if constexpr (kSplit) {
 #pragma unroll
-      for (int j = 0; j < kNBlocks; ++j) acc_small[j][0] = acc_small[j][1] = acc_small[j][2] = acc_small[j][3] = 0.f;
+      for (int j = 0; j < kNBlocks; ++j) {
+        acc[j][0] = acc[j][1] = bias_lo;
+        acc[j][2] = acc[j][3] = bias_hi;
+        acc_small[j][0] = acc_small[j][1] = acc_small[j][2] = acc_small[j][3] = 0.f;
+      }
       pin(acc_small);
     }
     pin(acc);
@@ -858,7 +917,11 @@ struct WgmmaMainloop {
         wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});
         wgmma_async(acc_small, a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});
       }
-      wgmma_async(acc, a, b, Operand<Elem>{});
+      if (kSplit || ks > 0) {
+        wgmma_async(acc, a, b, Operand<Elem>{});
+      } else {
+        wgmma_async<false>(acc, a, b, Operand<Elem>{});
+      }
     }
     wgmma_commit();
   }
@@ -874,6 +937,12 @@ struct WgmmaMainloop {
       for (int j = 0; j < kNBlocks; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNBlocks; ++j) {
+        acc[j][0] += bias_lo, acc[j][1] += bias_lo;
+        acc[j][2] += bias_hi, acc[j][3] += bias_hi;
+      }
     }
   }
   __device__ static void pin(Accum& acc) {
@@ -1118,7 +1187,16 @@ struct WgmmaEpilogue {
   static constexpr int kTileCols = Geometry::kTileCols;
   static constexpr int kNBlocks = Mainloop::kNBlocks;
   static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
-  static constexpr int kRedPitch = kTileCols + kTileCols / 4;
+  // 16-bit, not saving: the minima go through the butterfly packed two to a word, rounded to the element type
+  // (Precision::pack2 / min2): half the shuffles and mins, and half the buffer.
+  using Precision = typename Geometry::Precision;
+  using Elem = typename Geometry::Elem;
+  static constexpr bool kPacked = !kSave && sizeof(Elem) == 2;
+  // Each 32 pixels of a buffer row start kSkew elements further on, so that one store instruction touches each bank
+  // once: a warp's packed words, or a half-warp's float2s (its four lane groups 8 kFinal pixels apart: with 8 floats of
+  // skew per 32 pixels, kFinal = 8 put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel).
+  static constexpr int kSkew = (kPacked || kFinal != 8) ? 8 : 4;
+  static constexpr int kRedPitch = kTileCols + kTileCols / 4;  // room for a skew of 8 (one layout for both variants)
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Per consumer: two buffers of minima, then two of their channels within the warp (one byte each; used when
   // saving, reserved always so that both variants of a kernel share one layout).
@@ -1131,7 +1209,7 @@ struct WgmmaEpilogue {
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_)
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), barrier_id(1 + consumer),
         ctid(ctid_) {}
-  __device__ static int skewed(int pixel) { return pixel + 8 * (pixel >> 5); }
+  __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
   // kSave carries each value's channel within the warp (0..15) along, a byte each, four to a register (ch[i / 4],
   // byte i % 4 for value i): the accumulators are still live while the butterfly starts.
   static constexpr int kChannelWords = kSave ? 2 * kNBlocks / 4 : 1;
@@ -1164,11 +1242,6 @@ struct WgmmaEpilogue {
     }
   }
 
-  // 16-bit, not saving: the minima go through the butterfly packed two to a word, rounded to the element type
-  // (Precision::pack2 / min2): half the shuffles and mins, and half the buffer.
-  using Precision = typename Geometry::Precision;
-  using Elem = typename Geometry::Elem;
-  static constexpr bool kPacked = !kSave && sizeof(Elem) == 2;
   template <int kHalf>
   __device__ static void fold_packed(uint32_t (&v)[kNBlocks], bool upper, int lane_mask) {
 #pragma unroll
@@ -2307,20 +2380,22 @@ _WGMMA_SHAPES = ((128, "float", "tf32"), (256, "float", "tf32"), (256, "__nv_bfl
 def _wgmma_wrappers():
     """wgmma.mma_async wrappers, one per shape in _WGMMA_SHAPES, told apart by the accumulator's type: their N/2
     accumulator operands are written out here rather than by hand. D(64 x N) += A(64 x k) * B(k x N), both K-major
-    shared-memory descriptors."""
+    shared-memory descriptors; D = A * B where kAccumulate is false (scale-d 0: whatever D's registers held is not
+    read, so they need no initial value)."""
     out = []
     for n, elem, ptx in _WGMMA_SHAPES:
         regs = n // 2
         k = 8 if ptx == "tf32" else 16
         d_regs = ", ".join(f"%{i}" for i in range(regs))
         d_ops = ", ".join(f'"+f"(d[{i // 4}][{i % 4}])' for i in range(regs))
-        tail = "1, 1, 1" if ptx == "tf32" else "1, 1, 1, 0, 0"  # scale-d, scale-a, scale-b(, no transposes)
-        out.append(f"""__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a,
-                                            uint64_t desc_b, Operand<{elem}>) {{
+        tail = "1, 1" if ptx == "tf32" else "1, 1, 0, 0"  # scale-a, scale-b(, no transposes)
+        out.append(f"""template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<{elem}>) {{
 #if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, %{regs}, %{regs + 1}, {tail};\\n"
+  asm volatile("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {{{d_regs}}}, %{regs}, %{regs + 1}, %{regs + 2}, {tail};\\n"
                : {d_ops}
-               : "l"(desc_a), "l"(desc_b));
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
 #endif
 }}""")
     return "\n".join(out)

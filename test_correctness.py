@@ -1103,26 +1103,36 @@ def test_nan_and_inf_inputs(key, tf32_default):
     _check_output(got, want, x, ref, case.backend, case.precision)
 
 
-# The fused TF32 kernels: their operands are rounded to TF32 by an add and a mask on the bits (cvt.rna.tf32.f32 as
-# ptxas builds it; mma.sync's inputs by the add alone), which leaves a NaN whose payload sits only in the 13 low bits
-# reading as an infinity to the tensor cores. A known defect, not yet fixed: see docs/perf-notes.md, Next.
-TF32_FUSED_KEYS = [k for k, c in harness.CASES.items()
-                   if c.precision == "tf32" and c.backend != "cudnn_epilogue"]
+# fp32 paths: TF32 keeps an operand's 19 top bits and the tensor cores ignore the 13 low ones, so a NaN whose payload
+# sits only in those reads as infinity unless made canonical first (cvt.rna.tf32.f32 as ptxas builds it keeps such a
+# NaN's top bits, an infinity's).
+FP32_KEYS = [k for k in CASE_KEYS if harness.CASES[k].precision in ("tf32", "strict_fp32")]
 
 
 @needs_cuda
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known defect: a TF32 NaN with only low payload bits reads as infinity")
-@pytest.mark.parametrize("key", TF32_FUSED_KEYS)
-def test_tf32_nan_with_only_low_payload_bits_stays_nan(key, tf32_default):
-    """A NaN whose payload is only in the 13 bits TF32 drops (0x7f800001, 0xff801000): the reference's conv gives NaN
-    at every pixel it feeds; the fused TF32 kernels give tanh(tanh(+-inf)) there (checked on the H200)."""
+@pytest.mark.parametrize("key", FP32_KEYS)
+@pytest.mark.parametrize("where", ["input", "weight"])
+def test_nan_with_only_low_payload_bits_stays_nan(key, where, tf32_default):
+    """NaNs with payload only in the 13 low bits (0x7f800001, 0xff801000): in the input, NaN at every output pixel it
+    feeds; in a weight, NaN everywhere (its output channel is NaN at every pixel, and the min propagates it). Checked
+    against float64 truth and the reference (the fused TF32 kernels gave tanh(tanh(+-inf)) there before the
+    producers made NaNs canonical)."""
     case, ref, fn, dtype = _case(key, 9)
     x = make_input((2, 16, 20, 20), seed=5, device="cuda").to(dtype)
-    bits = x.view(torch.int32)
-    bits[0, 3, 5, 5] = 0x7F800001
-    bits[1, 9, 12, 7] = -8384512  # 0xff801000
+    if where == "input":
+        bits = x.view(torch.int32)
+        bits[0, 3, 5, 5] = 0x7F800001
+        bits[1, 9, 12, 7] = -8384512  # 0xff801000
+    else:
+        with torch.no_grad():
+            for m in (ref, fn.model):
+                m.conv.weight.view(torch.int32)[5, 3, 1, 1] = 0x7F800001
+    w, b = ref.conv.weight.detach().double().cpu(), ref.conv.bias.detach().double().cpu()
+    truth = torch.tanh(torch.tanh(torch.conv2d(x.double().cpu(), w, b).min(dim=1, keepdim=True).values))
+    assert torch.isnan(truth).sum() == (2 * 9 if where == "input" else truth.numel())
     want, got = _run(ref, x), fn(x)
-    assert torch.isnan(want[0, 0, 4, 4]) and torch.isnan(want[1, 0, 11, 6])
+    assert torch.equal(torch.isnan(got).cpu(), torch.isnan(truth)), \
+        f"{key}: NaN at {int(torch.isnan(got).sum())} pixels, float64 truth has {int(torch.isnan(truth).sum())}"
     assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN positions differ from the reference"
 
 

@@ -54,18 +54,36 @@ MUTANTS = {
         "r = (__float_as_uint(v) + 0x1000u) & 0xFFFFE000u;",
         [node("test_nan_and_inf_inputs", "fused-tf32"), node("test_nan_and_inf_inputs", "kernel-sm90_tf32")],
     ),
+    # NaNs reach the TF32 rounding as they come: one whose payload is only in the 13 low bits reads as infinity
+    "nan_not_canonical": (
+        "__device__ __forceinline__ float canonical_nan(float v) { return nan_min(v, __int_as_float(0x7F800000)); }",
+        "__device__ __forceinline__ float canonical_nan(float v) { return v; }",
+        [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="input"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="weight"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32", shape="input"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_99k", shape="input")],
+    ),
     # mma.sync TF32 inputs reach the tensor cores unrounded: truncated TF32
     "mma_sync_no_tf32_rounding": (
-        "return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;",
-        "return v;",
+        "out[i] = kClear ? (v[i] + 0x1000u) & 0xFFFFE000u : v[i] + 0x1000u;",
+        "out[i] = kClear ? (v[i] + 0x1000u) & 0xFFFFE000u : v[i];",
         [node("test_device_profiles_choose_and_compute_right", shape="A100"),
          node("test_device_profiles_choose_and_compute_right", shape="A10G")],
     ),
-    # the one-add rounding without its guard: a NaN with every bit set carries out to a zero
-    "mma_sync_tf32_rounding_wraps_nan": (
-        "return fabsf(v) < __int_as_float(0x7F800000) ? __uint_as_float(__float_as_uint(v) + 0x1000u) : v;",
-        "return __uint_as_float(__float_as_uint(v) + 0x1000u);",
-        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k")],
+    # rows with a NaN take the fast rounding too: a NaN with every bit set carries out to a zero, one with its payload
+    # only in the low bits reads as infinity
+    "nan_rows_take_the_fast_rounding": (
+        "for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);",
+        "for (int c = 0; c < kVec; ++c) nan |= false;",
+        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k"),
+         node("test_nan_and_inf_inputs", "kernel-sm90_tf32"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input")],
+    ),
+    # the NaN check reads one word of each pair: NaNs in the other half of the words take the fast rounding
+    "nan_check_misses_every_other_word": (
+        'asm("{\\n .reg .pred p;\\n setp.nan.f32 p, %1, %2;',
+        'asm("{\\n .reg .pred p;\\n setp.nan.f32 p, %1, %1;',
+        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm90_tf32")],
     ),
     # the 16-bit wgmma reduce packs each pixel pair the wrong way round: adjacent pixels' outputs exchanged
     "packed_min_pairs_swapped": (

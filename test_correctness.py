@@ -1084,9 +1084,12 @@ def test_edge_shapes(shape, key, tf32_default):
 
 @needs_cuda
 @pytest.mark.parametrize("key", CASE_KEYS)
-def test_nan_and_inf_inputs(key, tf32_default):
+@pytest.mark.parametrize("layout", ["aligned", "by_element"])
+def test_nan_and_inf_inputs(key, layout, tf32_default):
+    """Both of the producer's paths: rows of whole 16-byte chunks (width 64), loaded a chunk at a time and converted by
+    the fast rounding after a NaN check; and rows that are not (width 70), loaded and converted element by element."""
     case, ref, fn, dtype = _case(key, 9)
-    x = make_input((2, 16, 64, 70), seed=5, device="cuda").to(dtype)
+    x = make_input((2, 16, 64, 64 if layout == "aligned" else 70), seed=5, device="cuda").to(dtype)
     flat = x.view(-1)
     idx = torch.randperm(flat.numel(), device="cuda")[:60]
     flat[idx[:20]] = float("nan")

@@ -52,7 +52,8 @@ MUTANTS = {
     "tf32_rounding_wraps_nan": (
         'asm("cvt.rna.tf32.f32 %0, %1;\\n" : "=r"(r) : "f"(v));',
         "r = (__float_as_uint(v) + 0x1000u) & 0xFFFFE000u;",
-        [node("test_nan_and_inf_inputs", "fused-tf32"), node("test_nan_and_inf_inputs", "kernel-sm90_tf32")],
+        [node("test_nan_and_inf_inputs", "fused-tf32", shape="by_element"),
+         node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="by_element")],
     ),
     # NaNs reach the TF32 rounding as they come: one whose payload is only in the 13 low bits reads as infinity
     "nan_not_canonical": (
@@ -75,15 +76,18 @@ MUTANTS = {
     "nan_rows_take_the_fast_rounding": (
         "for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);",
         "for (int c = 0; c < kVec; ++c) nan |= false;",
-        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k"),
-         node("test_nan_and_inf_inputs", "kernel-sm90_tf32"),
+        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32", shape="aligned"),
+         node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k", shape="aligned"),
+         node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input")],
     ),
     # the NaN check reads one word of each pair: NaNs in the other half of the words take the fast rounding
     "nan_check_misses_every_other_word": (
         'asm("{\\n .reg .pred p;\\n setp.nan.f32 p, %1, %2;',
         'asm("{\\n .reg .pred p;\\n setp.nan.f32 p, %1, %1;',
-        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32"), node("test_nan_and_inf_inputs", "kernel-sm90_tf32")],
+        [node("test_nan_and_inf_inputs", "kernel-sm80_tf32", shape="aligned"),
+         node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="input")],
     ),
     # the 16-bit wgmma reduce packs each pixel pair the wrong way round: adjacent pixels' outputs exchanged
     "packed_min_pairs_swapped": (
@@ -95,7 +99,8 @@ MUTANTS = {
     "packed_min_drops_nan": (
         'asm("min.NaN." PTX "x2 %0, %1, %2;\\n"',
         'asm("min." PTX "x2 %0, %1, %2;\\n"',
-        [node("test_nan_wins_over_inf_channels_in_the_min", "fused-bf16"), node("test_nan_and_inf_inputs", "kernel-sm90_fp16")],
+        [node("test_nan_wins_over_inf_channels_in_the_min", "fused-bf16"),
+         node("test_nan_and_inf_inputs", "kernel-sm90_fp16", shape="aligned")],
     ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (

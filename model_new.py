@@ -1180,7 +1180,7 @@ struct MmaSyncMainloop {
 // the warp's minima in the step's buffer; write() (barrier, min over the warps, tanh, tanh, store) runs one step
 // later, while the next step's MMAs are in flight. Two reduction buffers, used in turn (one per step), so a buffer
 // is refilled only after the barrier of the other one, which every thread reaches after reading it. Buffer rows are
-// skewed by 8 floats per 32 pixels: a half-warp's 8-byte stores hit 32 banks.
+// skewed per 32 pixels (kSkew) so that the minima's stores do not collide in a bank.
 template <class Mainloop, bool kSave>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -1192,9 +1192,10 @@ struct WgmmaEpilogue {
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
   static constexpr bool kPacked = !kSave && sizeof(Elem) == 2;
-  // Each 32 pixels of a buffer row start kSkew elements further on, so that one store instruction touches each bank
+  // Each 32 pixels of a buffer row start kSkew elements further on, so that one store of the minima touches each bank
   // once: a warp's packed words, or a half-warp's float2s (its four lane groups 8 kFinal pixels apart: with 8 floats of
   // skew per 32 pixels, kFinal = 8 put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel).
+  // The saving variants' 2-byte channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
   static constexpr int kSkew = (kPacked || kFinal != 8) ? 8 : 4;
   static constexpr int kRedPitch = kTileCols + kTileCols / 4;  // room for a skew of 8 (one layout for both variants)
   static constexpr int kBufferFloats = 4 * kRedPitch;

@@ -1114,25 +1114,27 @@ FP32_KEYS = [k for k in CASE_KEYS if harness.CASES[k].precision in ("tf32", "str
 
 @needs_cuda
 @pytest.mark.parametrize("key", FP32_KEYS)
-@pytest.mark.parametrize("where", ["input", "weight"])
+@pytest.mark.parametrize("where", ["input", "weight", "late_item"])
 def test_nan_with_only_low_payload_bits_stays_nan(key, where, tf32_default):
     """NaNs with payload only in the 13 low bits (0x7f800001, 0xff801000): in the input, NaN at every output pixel it
     feeds; in a weight, NaN everywhere (its output channel is NaN at every pixel, and the min propagates it). Checked
     against float64 truth and the reference (the fused TF32 kernels gave tanh(tanh(+-inf)) there before the
-    producers made NaNs canonical)."""
+    producers made NaNs canonical). late_item: rows of 264 columns, the NaNs in input columns 256 and 257, which the
+    first 256-column tile loads as its late item (the chunk past the tile, loaded after the slot wait)."""
     case, ref, fn, dtype = _case(key, 9)
-    x = make_input((2, 16, 20, 20), seed=5, device="cuda").to(dtype)
-    if where == "input":
+    x = make_input((2, 16, 20, 264 if where == "late_item" else 20), seed=5, device="cuda").to(dtype)
+    if where != "weight":
+        col_a, col_b = (256, 257) if where == "late_item" else (5, 7)
         bits = x.view(torch.int32)
-        bits[0, 3, 5, 5] = 0x7F800001
-        bits[1, 9, 12, 7] = -8384512  # 0xff801000
+        bits[0, 3, 5, col_a] = 0x7F800001
+        bits[1, 9, 12, col_b] = -8384512  # 0xff801000
     else:
         with torch.no_grad():
             for m in (ref, fn.model):
                 m.conv.weight.view(torch.int32)[5, 3, 1, 1] = 0x7F800001
     w, b = ref.conv.weight.detach().double().cpu(), ref.conv.bias.detach().double().cpu()
     truth = torch.tanh(torch.tanh(torch.conv2d(x.double().cpu(), w, b).min(dim=1, keepdim=True).values))
-    assert torch.isnan(truth).sum() == (2 * 9 if where == "input" else truth.numel())
+    assert torch.isnan(truth).sum() == (truth.numel() if where == "weight" else 2 * 9)
     want, got = _run(ref, x), fn(x)
     assert torch.equal(torch.isnan(got).cpu(), torch.isnan(truth)), \
         f"{key}: NaN at {int(torch.isnan(got).sum())} pixels, float64 truth has {int(torch.isnan(truth).sum())}"

@@ -81,6 +81,13 @@ MUTANTS = {
          node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input")],
     ),
+    # the late item (the chunk past a 256-column tile) skips the NaN check: its NaNs take the fast rounding
+    "late_item_skips_the_nan_check": (
+        "store_item(quieted(raw), kBody + tid, slot);",
+        "store_item(raw, kBody + tid, slot);",
+        [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="late_item"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32", shape="late_item")],
+    ),
     # the NaN check reads one word of each pair: NaNs in the other half of the words take the fast rounding
     "nan_check_misses_every_other_word": (
         'asm("{\\n .reg .pred p;\\n setp.nan.f32 p, %1, %2;',

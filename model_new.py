@@ -157,17 +157,34 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void
 
 # ------------------------------------------------------------------------------------------------ CUDA source
 CUDA_SOURCE = r"""
-// torch's extension build defines __CUDA_NO_HALF_CONVERSIONS__ and its kin for its own headers; this file includes
-// none of them and converts between element types with the ordinary constructors and conversion operators.
-#undef __CUDA_NO_HALF_OPERATORS__
-#undef __CUDA_NO_HALF_CONVERSIONS__
-#undef __CUDA_NO_HALF2_OPERATORS__
-#undef __CUDA_NO_BFLOAT16_CONVERSIONS__
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <type_traits>
 @SHARED_DECLARATIONS@
 namespace kb25 {
+
+// Between element types by the conversion intrinsics (round to nearest even), never by the 16-bit types' operators
+// and constructors: torch's extension build defines __CUDA_NO_HALF_CONVERSIONS__ and its kin, and a load_inline
+// that puts torch's headers before this source (torch without no_implicit_headers) has cuda_fp16.h and cuda_bf16.h
+// included under them, where those operators do not exist.
+template <class To, class From>
+__host__ __device__ __forceinline__ To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, __half>) {
+    return static_cast<To>(__half2float(v));
+  } else if constexpr (std::is_same_v<From, __nv_bfloat16>) {
+    return static_cast<To>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<To, __half>) {
+    if constexpr (std::is_same_v<From, double>) return __double2half(v);
+    else return __float2half_rn(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+    if constexpr (std::is_same_v<From, double>) return __double2bfloat16(v);
+    else return __float2bfloat16_rn(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
 
 // wgmma exists only in code compiled for sm_90a; elsewhere the wgmma kernels are empty and never launched. The
 // fused kernels need sm_80 (mbarrier, cvt.rna.tf32, TF32 and bf16 mma.sync, min.NaN): compiled for an older GPU
@@ -862,8 +879,8 @@ struct WgmmaMainloop {
   __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem, kAKBytes, 128)) {
     const int warp = ctid >> 5, g = (ctid & 31) >> 2;
-    bias_lo = static_cast<float>(b[warp * 16 + g]);
-    bias_hi = static_cast<float>(b[warp * 16 + g + 8]);
+    bias_lo = convert<float>(b[warp * 16 + g]);
+    bias_hi = convert<float>(b[warp * 16 + g + 8]);
   }
   // The weights, written by all of the CTA's threads before they split into roles.
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__) {
@@ -1019,7 +1036,7 @@ struct MmaSyncMainloop {
       }
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = static_cast<float>(b[i / 4 * 2 + (i & 1)]);
+    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
@@ -1332,16 +1349,16 @@ struct WgmmaEpilogue {
           dst.argmin[col] = (unsigned char)channel;
           dst.pre_min[col] = m;
           // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-          if constexpr (sizeof(Elem) == 2) m = static_cast<float>(static_cast<Elem>(m));
+          if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));
         } else if constexpr (kPacked) {  // element at in each warp's row of kRedPitch elements
           const Elem* const e = reinterpret_cast<const Elem*>(buffer);
-          m = nan_min(nan_min(static_cast<float>(e[at]), static_cast<float>(e[kRedPitch + at])),
-                      nan_min(static_cast<float>(e[2 * kRedPitch + at]), static_cast<float>(e[3 * kRedPitch + at])));
+          m = nan_min(nan_min(convert<float>(e[at]), convert<float>(e[kRedPitch + at])),
+                      nan_min(convert<float>(e[2 * kRedPitch + at]), convert<float>(e[3 * kRedPitch + at])));
         } else {
           m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
                       nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
         }
-        dst.out[col] = static_cast<typename Geometry::Elem>(tanh2(m));
+        dst.out[col] = convert<typename Geometry::Elem>(tanh2(m));
       }
     }
   }
@@ -1433,12 +1450,12 @@ struct MmaSyncEpilogue {
         const float m = half ? part.hi[i] : part.lo[i];
         if constexpr (kSave) {
           if (mt < kMTiles && at < OW) {
-            dst.out[at] = static_cast<Elem>(tanh2(m));
+            dst.out[at] = convert<Elem>(tanh2(m));
             dst.argmin[at] = (unsigned char)(half ? part.hi_ch[i] : part.lo_ch[i]);
             dst.pre_min[at] = m;
           }
         } else {  // tanh2 whether or not the pixel is stored: a predicated store, no branch around the math
-          const Elem v = static_cast<Elem>(tanh2(m));
+          const Elem v = convert<Elem>(tanh2(m));
           if (mt < kMTiles && at < OW) dst.out[at] = v;
         }
       }
@@ -1769,19 +1786,19 @@ __global__ void __launch_bounds__(256) min_dim1_tanh2_kernel(const Elem* __restr
     const V first = src[0];
     Math m[kVec];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) m[e] = static_cast<Math>(first.v[e]);
+    for (int e = 0; e < kVec; ++e) m[e] = convert<Math>(first.v[e]);
     // Double's tanh needs more registers: unrolled 4 deep, sm_120's ptxas spills it.
 #pragma unroll(sizeof(Math) == 8 ? 2 : 4)
     for (int64_t r = 1; r < reduce; ++r) {
       const V u = src[r * groups];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) m[e] = nan_min(m[e], static_cast<Math>(u.v[e]));
+      for (int e = 0; e < kVec; ++e) m[e] = nan_min(m[e], convert<Math>(u.v[e]));
     }
     V res;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const Elem t1 = static_cast<Elem>(tanh_of(m[e]));
-      res.v[e] = static_cast<Elem>(tanh_of(static_cast<Math>(t1)));
+      const Elem t1 = convert<Elem>(tanh_of(m[e]));
+      res.v[e] = convert<Elem>(tanh_of(convert<Math>(t1)));
     }
     *reinterpret_cast<V*>(out + o * inner + p) = res;
   }
@@ -1837,7 +1854,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
     const int pair = threadIdx.x + r * G::kThreads, k = pair / G::kCin, c = pair % G::kCin;
     float v[G::kTaps];
 #pragma unroll
-    for (int tap = 0; tap < G::kTaps; ++tap) v[tap] = static_cast<float>(w[(k * G::kCin + c) * G::kTaps + tap]);
+    for (int tap = 0; tap < G::kTaps; ++tap) v[tap] = convert<float>(w[(k * G::kCin + c) * G::kTaps + tap]);
 #pragma unroll
     for (int tap = 0; tap < G::kTaps; ++tap) {
       reinterpret_cast<float*>(ws + (tap * G::kCout + k) * 4 + G::chunk(k, c / 4))[c % 4] = v[tap];
@@ -1895,7 +1912,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
       const int at = threadIdx.x + u * G::kThreads;
       if (at < kItems) {
         const bool inside = k_next[u] != G::kNoPixel;
-        tile[at] = make_float2(inside ? min_grad(static_cast<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
+        tile[at] = make_float2(inside ? min_grad(convert<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
       }
     }
     __syncthreads();
@@ -1935,7 +1952,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
         }
       }
 #pragma unroll
-      for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = static_cast<Elem>(acc[c]);
+      for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
     }
     __syncthreads();
   }
@@ -2004,7 +2021,7 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     for (int u = 0; u < G::kRowPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads, c = at / G::kXCols, col = cb * G::kCols + at % G::kXCols;
       row_next[u] = 0.f;
-      if (at < G::kRowItems && col < W) row_next[u] = static_cast<float>(x[((n * G::kCin + c) * H + y) * W + col]);
+      if (at < G::kRowItems && col < W) row_next[u] = convert<float>(x[((n * G::kCin + c) * H + y) * W + col]);
     }
   };
   const auto store_row = [&](int y) {
@@ -2051,7 +2068,7 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     for (int at = threadIdx.x; at < G::kSortWarps * G::kCout; at += blockDim.x) hist[at] = 0;
     __syncthreads();
     const int k = k_next;
-    const float gm = k >= 0 ? min_grad(static_cast<float>(g_next), m_next) : 0.f;
+    const float gm = k >= 0 ? min_grad(convert<float>(g_next), m_next) : 0.f;
     int below = 0;
     if (warp < G::kSortWarps) {
       const unsigned peers = __match_any_sync(0xffffffffu, k);
@@ -2152,9 +2169,9 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kern
   for (int b = 0; b < blocks; ++b) sum += partial[(int64_t)b * G::kCout * G::kPartial + at];
   const int k = at / G::kPartial, e = at % G::kPartial;
   if (e < G::kEntries) {
-    if (dw) dw[k * G::kEntries + e] = static_cast<Elem>(sum);
+    if (dw) dw[k * G::kEntries + e] = convert<Elem>(sum);
   } else if (db) {
-    db[k] = static_cast<Elem>(sum);
+    db[k] = convert<Elem>(sum);
   }
 }
 

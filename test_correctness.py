@@ -470,6 +470,22 @@ def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, fuse
         assert "potential performance loss" not in report.lower(), report
 
 
+def test_cuda_source_compiles_after_torchs_headers(tmp_path):
+    """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):
+    torch's headers first, then the CUDA source, under torch's flags. cuda_fp16.h and cuda_bf16.h are then included
+    under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no conversion operators, so the source converts between
+    element types by intrinsics (with the operators it failed to build there, on every arch)."""
+    from torch.utils.cpp_extension import include_paths
+
+    src = tmp_path / "cuda.cu"
+    src.write_text("\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>",
+                              model_new.cuda_source()]))
+    cmd = [*_nvcc(), *(f"-I{p}" for p in include_paths()), "-c", "-gencode=arch=compute_86,code=sm_86", str(src),
+           "-o", str(tmp_path / "cuda.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def _instantiation(mangled):
     """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision,
     tile columns, consumers, producer warps, ring>, kSave>."""

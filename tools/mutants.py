@@ -111,7 +111,7 @@ MUTANTS = {
     ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (
-        "          if constexpr (sizeof(Elem) == 2) m = static_cast<float>(static_cast<Elem>(m));\n",
+        "          if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));\n",
         "",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
@@ -241,8 +241,8 @@ MUTANTS = {
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
-        "bdst[i] = static_cast<float>(b[i / 4 * 2 + (i & 1)]);",
-        "bdst[i] = static_cast<float>(b[i / 4 * 2]);",
+        "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",
+        "bdst[i] = convert<float>(b[i / 4 * 2]);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product

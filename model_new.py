@@ -849,9 +849,9 @@ struct RowProducer {
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
 // other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
-// accumulators from zero (scale-d 0). TF32: finish() adds the bias after the wait, 128 adds a thread after the MMAs,
+// accumulators from zero (scale-d 0) and finish() adds the bias after the wait: 128 adds a thread after the MMAs,
 // where moves would delay their issue (Tf32x3 starts from moves: its small products have an accumulator of their
-// own). 16-bit: the tensor cores add it, one more MMA a step (kBiasByMma).
+// own).
 template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;
@@ -864,15 +864,8 @@ struct WgmmaMainloop {
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
-  // 16-bit: the bias enters through the tensor cores as one more k-step after the others: A = the bias in its first
-  // k column and zeros in the others, B = a tile of ones (both staged with the weights), so D += bias exactly (the
-  // bias is a 16-bit value, its products with 1 and 0 exact) and finish() adds nothing: one MMA a step instead of
-  // 128 adds a thread that wait for the MMAs (docs/perf-notes.md, 19c). TF32 keeps the adds: its bias would be
-  // rounded to TF32 on the way in.
-  static constexpr bool kBiasByMma = sizeof(Elem) == 2;
-  static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  static constexpr int kOnesBytes = kBiasByMma ? Geometry::kTileCols * 2 * 16 : 0;  // N x K, K-major, two k halves
-  static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes + kOnesBytes;
+  static constexpr int kWeightBytes = Geometry::kKSteps * kAStepBytes;  // one copy
+  static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
@@ -890,7 +883,7 @@ struct WgmmaMainloop {
     bias_hi = convert<float>(b[warp * 16 + g + 8]);
   }
   // The weights, written by all of the CTA's threads before they split into roles.
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__) {
     constexpr int kGC = Geometry::kGroupChannels;
     Elem* const a = reinterpret_cast<Elem*>(smem);
     for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
@@ -908,15 +901,6 @@ struct WgmmaMainloop {
       } else {
         a[at] = Precision::to_tensor_core(v);
       }
-    }
-    if constexpr (kBiasByMma) {
-      for (int i = threadIdx.x; i < Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
-        const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-        a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
-          kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);
-      }
-      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += blockDim.x)
-        a[kWeightBytes / (int)sizeof(Elem) + i] = convert<Elem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -956,12 +940,6 @@ struct WgmmaMainloop {
         wgmma_async<false>(acc, a, b, Operand<Elem>{});
       }
     }
-    if constexpr (kBiasByMma) {
-      // The ones' descriptor from the weights': kWeightBytes further on, its k halves a tile's columns apart.
-      constexpr uint64_t kOnes = (kWeightBytes >> 4) + ((uint64_t)((Geometry::kTileCols * 16 - kAKBytes) >> 4) << 16);
-      static_assert(Geometry::kTileCols * 16 > kAKBytes, "the ones' k halves further apart than the weights'");
-      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
-    }
     wgmma_commit();
   }
   // The step's products have landed in acc; the window's oldest row is free.
@@ -976,7 +954,7 @@ struct WgmmaMainloop {
       for (int j = 0; j < kNBlocks; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
-    } else if constexpr (!kBiasByMma) {
+    } else {
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j) {
         acc[j][0] += bias_lo, acc[j][1] += bias_lo;
@@ -1318,12 +1296,8 @@ struct WgmmaEpilogue {
   __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first) const {
     float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
     uint32_t ch[kChannelWords];
-    // The blocks in reverse where a saving 16-bit kernel reads them: in order, ptxas spills 4 bytes there (its bias
-    // comes from the MMAs, and nothing else decides the order).
-    constexpr bool kReverse = kSave && Mainloop::kBiasByMma;
 #pragma unroll
-    for (int jr = 0; jr < kNBlocks; ++jr) {
-      const int j = kReverse ? kNBlocks - 1 - jr : jr;
+    for (int j = 0; j < kNBlocks; ++j) {
       const float(&a)[4] = acc[j];
       if constexpr (kSave) {
         if (j % 2 == 0) ch[j / 2] = 0;

@@ -239,18 +239,6 @@ MUTANTS = {
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"),
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
     ),
-    # wgmma 16-bit: the bias k-step never issued (no bias in any channel)
-    "wgmma_bias_step_dropped": (
-        "      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});\n",
-        "",
-        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
-    ),
-    # wgmma 16-bit: the bias k-step's A holds the bias in every k column, so each channel gets its bias 16 times
-    "wgmma_bias_in_every_k_column": (
-        "kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);",
-        "kk % kGC] = b[co];",
-        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
-    ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
         "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",

@@ -849,9 +849,9 @@ struct RowProducer {
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
 // other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
-// accumulators from zero (scale-d 0) and finish() adds the bias after the wait: 128 adds a thread after the MMAs,
+// accumulators from zero (scale-d 0). TF32: finish() adds the bias after the wait, 128 adds a thread after the MMAs,
 // where moves would delay their issue (Tf32x3 starts from moves: its small products have an accumulator of their
-// own).
+// own). 16-bit: the tensor cores add it, one more MMA a step (kBiasByMma).
 template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;
@@ -864,8 +864,15 @@ struct WgmmaMainloop {
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
-  static constexpr int kWeightBytes = Geometry::kKSteps * kAStepBytes;  // one copy
-  static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes;
+  // 16-bit: the bias enters through the tensor cores as one more k-step after the others: A = the bias in its first
+  // k column and zeros in the others, B = a tile of ones (both staged with the weights), so D += bias exactly (the
+  // bias is a 16-bit value, its products with 1 and 0 exact) and finish() adds nothing: one MMA a step instead of
+  // 128 adds a thread that wait for the MMAs (docs/perf-notes.md, 19c). TF32 keeps the adds: its bias would be
+  // rounded to TF32 on the way in.
+  static constexpr bool kBiasByMma = sizeof(Elem) == 2;
+  static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
+  static constexpr int kOnesBytes = kBiasByMma ? Geometry::kTileCols * 2 * 16 : 0;  // N x K, K-major, two k halves
+  static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes + kOnesBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
@@ -883,7 +890,7 @@ struct WgmmaMainloop {
     bias_hi = convert<float>(b[warp * 16 + g + 8]);
   }
   // The weights, written by all of the CTA's threads before they split into roles.
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__) {
+  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
     Elem* const a = reinterpret_cast<Elem*>(smem);
     for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
@@ -901,6 +908,15 @@ struct WgmmaMainloop {
       } else {
         a[at] = Precision::to_tensor_core(v);
       }
+    }
+    if constexpr (kBiasByMma) {
+      for (int i = threadIdx.x; i < Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
+        const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
+        a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
+          kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);
+      }
+      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += blockDim.x)
+        a[kWeightBytes / (int)sizeof(Elem) + i] = convert<Elem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -940,6 +956,12 @@ struct WgmmaMainloop {
         wgmma_async<false>(acc, a, b, Operand<Elem>{});
       }
     }
+    if constexpr (kBiasByMma) {
+      // The ones' descriptor from the weights': kWeightBytes further on, its k halves a tile's columns apart.
+      constexpr uint64_t kOnes = (kWeightBytes >> 4) + ((uint64_t)((Geometry::kTileCols * 16 - kAKBytes) >> 4) << 16);
+      static_assert(Geometry::kTileCols * 16 > kAKBytes, "the ones' k halves further apart than the weights'");
+      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
+    }
     wgmma_commit();
   }
   // The step's products have landed in acc; the window's oldest row is free.
@@ -954,7 +976,7 @@ struct WgmmaMainloop {
       for (int j = 0; j < kNBlocks; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
-    } else {
+    } else if constexpr (!kBiasByMma) {
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j) {
         acc[j][0] += bias_lo, acc[j][1] += bias_lo;
@@ -1228,35 +1250,41 @@ struct WgmmaEpilogue {
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), barrier_id(1 + consumer),
         ctid(ctid_) {}
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
-  // kSave carries each value's channel within the warp (0..15) along, a byte each, four to a register (ch[i / 4],
-  // byte i % 4 for value i): the accumulators are still live while the butterfly starts.
-  static constexpr int kChannelWords = kSave ? 2 * kNBlocks / 4 : 1;
+  // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
+  // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
+  // bits each where the bias comes from the MMAs: those kernels keep no bias registers, and ptxas spilled 4 bytes
+  // with bytes.
+  static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
+  static constexpr int kBits = 32 / kPer;
+  static constexpr uint32_t kMask = (1u << kBits) - 1;
+  static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;
+  __device__ static uint32_t channel_of(uint32_t word, int e) { return (word >> kBits * e) & kMask; }
   template <int kHalf>
   __device__ static void fold(float (&v)[2 * kNBlocks], uint32_t (&ch)[kChannelWords], bool upper, int lane_mask) {
-    static_assert(!kSave || kHalf % 4 == 0, "whole channel words");
+    static_assert(!kSave || kHalf % kPer == 0, "whole channel words");
 #pragma unroll
-    for (int i = 0; i < kHalf; i += 4) {
+    for (int i = 0; i < kHalf; i += kPer) {
       uint32_t send_ch = 0, keep_ch = 0, got_ch = 0, kept_ch = 0;
       if constexpr (kSave) {
-        send_ch = upper ? ch[i / 4] : ch[(i + kHalf) / 4];
-        keep_ch = upper ? ch[(i + kHalf) / 4] : ch[i / 4];
+        send_ch = upper ? ch[i / kPer] : ch[(i + kHalf) / kPer];
+        keep_ch = upper ? ch[(i + kHalf) / kPer] : ch[i / kPer];
         got_ch = __shfl_xor_sync(0xffffffffu, send_ch, lane_mask);
       }
 #pragma unroll
-      for (int e = 0; e < 4 && i + e < kHalf; ++e) {
+      for (int e = 0; e < kPer && i + e < kHalf; ++e) {
         const float send = upper ? v[i + e] : v[i + e + kHalf], keep = upper ? v[i + e + kHalf] : v[i + e];
         const float got = __shfl_xor_sync(0xffffffffu, send, lane_mask);
         if constexpr (kSave) {
           float kept = keep;
-          int channel = (keep_ch >> 8 * e) & 0xff;
-          keep_min(kept, channel, got, (got_ch >> 8 * e) & 0xff);
+          int channel = channel_of(keep_ch, e);
+          keep_min(kept, channel, got, channel_of(got_ch, e));
           v[i + e] = kept;
-          kept_ch |= (uint32_t)channel << 8 * e;
+          kept_ch |= (uint32_t)channel << kBits * e;
         } else {
           v[i + e] = nan_min(keep, got);
         }
       }
-      if constexpr (kSave) ch[i / 4] = kept_ch;
+      if constexpr (kSave) ch[i / kPer] = kept_ch;
     }
   }
 
@@ -1300,13 +1328,13 @@ struct WgmmaEpilogue {
     for (int j = 0; j < kNBlocks; ++j) {
       const float(&a)[4] = acc[j];
       if constexpr (kSave) {
-        if (j % 2 == 0) ch[j / 2] = 0;
+        if ((2 * j) % kPer == 0) ch[2 * j / kPer] = 0;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           int channel = g;
           v[2 * j + e] = a[e];
           keep_min(v[2 * j + e], channel, a[e + 2], g + 8);
-          ch[j / 2] |= (uint32_t)channel << 8 * (2 * (j % 2) + e);
+          ch[(2 * j + e) / kPer] |= (uint32_t)channel << kBits * ((2 * j + e) % kPer);
         }
       } else {
         v[2 * j] = nan_min(a[0], a[2]);
@@ -1324,7 +1352,10 @@ struct WgmmaEpilogue {
     for (int i = 0; i < kFinal; i += 2) {
       const int pixel = 8 * ((first + i) / 2) + 2 * t;
       *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
-      if constexpr (kSave) *reinterpret_cast<uint16_t*>(row_ch + skewed(pixel)) = (uint16_t)(ch[i / 4] >> 8 * (i % 4));
+      if constexpr (kSave) {  // the two pixels' channels, a byte each
+        const uint32_t w = ch[i / kPer] >> kBits * (i % kPer);
+        *reinterpret_cast<uint16_t*>(row_ch + skewed(pixel)) = (uint16_t)((w & kMask) | ((w >> kBits) & kMask) << 8);
+      }
     }
   }
   // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the

@@ -239,6 +239,18 @@ MUTANTS = {
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"),
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
     ),
+    # wgmma 16-bit: the bias k-step never issued (no bias in any channel)
+    "wgmma_bias_step_dropped": (
+        "      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});\n",
+        "",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
+    ),
+    # wgmma 16-bit: the bias k-step's A holds the bias in every k column, so each channel gets its bias 16 times
+    "wgmma_bias_in_every_k_column": (
+        "kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);",
+        "kk % kGC] = b[co];",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
+    ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
         "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",
@@ -302,6 +314,12 @@ MUTANTS = {
     "saved_argmin_drops_the_warp": (
         "keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);",
         "keep_min(m, channel, buffer[w * kRedPitch + at], buffer_ch[w * kRedPitch + at]);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the saving epilogue's 4-bit channels (16-bit wgmma) lose their top bit: channels 8..15 of a warp read as 0..7
+    "saved_channel_loses_its_top_bit": (
+        "static constexpr uint32_t kMask = (1u << kBits) - 1;",
+        "static constexpr uint32_t kMask = (1u << (kBits - 1)) - 1;",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
     # the mma.sync saving epilogue drops the quad position from the channel

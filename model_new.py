@@ -865,10 +865,11 @@ struct WgmmaMainloop {
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
   // 16-bit: the bias enters through the tensor cores as one more k-step after the others: A = the bias in its first
-  // k column and zeros in the others, B = a tile of ones (both staged with the weights), so D += bias exactly (the
-  // bias is a 16-bit value, its products with 1 and 0 exact) and finish() adds nothing: one MMA a step instead of
-  // 128 adds a thread that wait for the MMAs (docs/perf-notes.md, 19c). TF32 keeps the adds: its bias would be
-  // rounded to TF32 on the way in.
+  // k column and zeros in the others, B = a tile of ones (both staged with the weights). The products (bias x 1,
+  // 0 x 1) are exact; the tensor cores add them into D with their own fp32 accumulation, which may differ from an
+  // fp32 add in the last bit (the saving and inference variants share it, so their outputs stay equal). finish()
+  // adds nothing: one MMA a step instead of 128 adds a thread that wait for the MMAs (docs/perf-notes.md, 19c, 19g).
+  // TF32 keeps the adds: its bias would be rounded to TF32 on the way in.
   static constexpr bool kBiasByMma = sizeof(Elem) == 2;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
   static constexpr int kOnesBytes = kBiasByMma ? Geometry::kTileCols * 2 * 16 : 0;  // N x K, K-major, two k halves
@@ -885,11 +886,12 @@ struct WgmmaMainloop {
   // its warpgroup.
   __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem, kAKBytes, 128)) {
-    const int warp = ctid >> 5, g = (ctid & 31) >> 2;
+    const int warp = ctid >> 5, g = (ctid & 31) >> 2;  // kBiasByMma: unused, and compiled away
     bias_lo = convert<float>(b[warp * 16 + g]);
     bias_hi = convert<float>(b[warp * 16 + g + 8]);
   }
-  // The weights, written by all of the CTA's threads before they split into roles.
+  // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
+  // they split into roles.
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
     Elem* const a = reinterpret_cast<Elem*>(smem);
@@ -1252,8 +1254,8 @@ struct WgmmaEpilogue {
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
-  // bits each where the bias comes from the MMAs: those kernels keep no bias registers, and ptxas spilled 4 bytes
-  // with bytes.
+  // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
+  // 168 registers and spilled 4 bytes (docs/perf-notes.md, 19c, 19g).
   static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;

@@ -470,6 +470,19 @@ def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, fuse
         assert "potential performance loss" not in report.lower(), report
 
 
+@pytest.mark.parametrize("tool", ["hmma_rate.cu", "wgmma_rate.cu"])
+def test_rate_tools_compile_without_spills(tmp_path, tool):
+    """The tensor-core rate probes of tools/ (docs/perf-notes.md quotes their output) still build for sm_90a, with no
+    spill: a spilled accumulator would time local memory, not the tensor cores."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", tool)
+    cmd = [_nvcc()[0], "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", src, "-o",
+           str(tmp_path / "rate")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spills = re.findall(r"(\d+) bytes spill stores", proc.stderr)
+    assert spills and all(n == "0" for n in spills), proc.stderr[-4000:]
+
+
 @pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
 def test_cuda_source_compiles_after_torchs_headers(tmp_path, arch):
     """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):

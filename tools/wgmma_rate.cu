@@ -49,7 +49,8 @@ constexpr int kKSteps = 10, kTiles = 3;  // k-steps a step; distinct operand til
 constexpr int kATileBytes = 64 * 16 * 2;
 
 // kGroups MMA warpgroups, each a chain of `steps` steps into its own accumulators: issue, kWindow independent ALU
-// instructions, wait, kReduce min instructions over the accumulators. With kNoise, one more warpgroup issues that kind
+// instructions (after a barrier of the warpgroup and a shared load, as the kernel's write), wait, kReduce min
+// instructions over the accumulators. With kNoise, one more warpgroup issues that kind
 // of instruction until the MMA warpgroups are done.
 template <int N, int kGroups, int kReduce, int kWindow, Noise kNoise>
 __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(float* out, long long* cycles, int steps) {
@@ -66,8 +67,15 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg < kGroups) {
+    // Every step accumulates into acc: with a step that started from zero (scale-d 0) and nothing reading it, ptxas
+    // drops the earlier steps' MMAs as dead.
     float acc[N / 8][4];
-    float m[4] = {0.f, 0.f, 0.f, 0.f}, w[4] = {1.f, 2.f, 3.f, (float)threadIdx.x};
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    // 16 independent min chains: the reduce's mins are independent of each other (a rate, not a latency).
+    float m[16], w[4] = {1.f, 2.f, 3.f, (float)threadIdx.x};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m[i] = 0.f;
     const uint32_t a0 = smem_u32(sm), b0 = smem_u32(sm + kTiles * kATileBytes + wg * kTiles * kBTileBytes);
     const long long t0 = clock64();
     for (int s = 0; s < steps; ++s) {
@@ -77,11 +85,7 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
         // A: 64 x 16, K-major: core matrices 128 bytes apart along M, 1024 along K. B: N x 16, 16 N bytes along K.
         const uint64_t a = desc(a0 + (k % kTiles) * kATileBytes, 1024, 128);
         const uint64_t b = desc(b0 + (k % kTiles) * kBTileBytes, 16 * N, 128);
-        if (k == 0) {
-          wgmma<false>(acc, a, b, Shape<N>{});
-        } else {
-          wgmma<true>(acc, a, b, Shape<N>{});
-        }
+        wgmma<true>(acc, a, b, Shape<N>{});
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       // ptxas would hoist independent FMAs between the wgmma instructions. The fused kernel's write starts with a
@@ -94,12 +98,14 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
-      for (int i = 0; i < kReduce; ++i) m[i % 4] = nan_min(m[i % 4], acc[(i / 4) % (N / 8)][i % 4]);
+      for (int i = 0; i < kReduce; ++i) m[i % 16] = nan_min(m[i % 16], acc[(i / 4) % (N / 8)][i % 4]);
     }
     const long long t1 = clock64();
     __syncwarp();
     if (threadIdx.x % 128 == 0) atomicAdd(const_cast<int*>(done), 1);
-    float s = m[0] + m[1] + m[2] + m[3] + w[0] + w[1] + w[2] + w[3];
+    float s = w[0] + w[1] + w[2] + w[3];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s += m[i];
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
@@ -136,6 +142,10 @@ void run(const char* what, int sms, float* out, long long* cycles) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const int threads = (kGroups + (kNoise != kNone)) * 128, steps = 4000;
   kernel<<<sms, threads, smem>>>(out, cycles, 100);  // warm-up
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    printf("%s N=%d groups=%d: %s\n", what, N, kGroups, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -178,6 +188,7 @@ int main() {
   run<256, 2, 160, 0, kNone>("two chains, mins after the wait", sms, out, cycles);
   run<256, 2, 320, 0, kNone>("two chains, mins after the wait", sms, out, cycles);
   // ... between the issue and the wait (the write) ...
+  run<256, 2, 0, 1, kNone>("two chains, the window's barrier and load", sms, out, cycles);
   run<256, 2, 0, 64, kNone>("two chains, FMAs before the wait", sms, out, cycles);
   run<256, 2, 0, 160, kNone>("two chains, FMAs before the wait", sms, out, cycles);
   run<256, 2, 0, 320, kNone>("two chains, FMAs before the wait", sms, out, cycles);

@@ -318,6 +318,16 @@ __device__ __forceinline__ void split_tf32_weight(float v, float& big, float& sm
   }
 }
 
+// The fp32 bias as three TF32 values whose sum is exactly v, for the tensor cores to add (each times one): the top 11
+// significant bits (truncated, so never rounded up to infinity), the next 11 of the exact remainder, and what is left
+// (at most 2 bits). A NaN or an infinity is the first part alone (a NaN the canonical one, as split_tf32 makes it).
+__device__ __forceinline__ void split_tf32_bias(float v, float (&part)[3]) {
+  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);
+  const float rest = isfinite(v) ? v - part[0] : 0.f;
+  part[1] = __uint_as_float(__float_as_uint(rest) & 0xFFFFE000u);
+  part[2] = rest - part[1];
+}
+
 __device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
 
 // torch.min's order on (value, channel), which picks the argmin its backward scatters to: a NaN before any number
@@ -849,9 +859,9 @@ struct RowProducer {
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
 // other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
-// accumulators from zero (scale-d 0). TF32: finish() adds the bias after the wait, 128 adds a thread after the MMAs,
-// where moves would delay their issue (Tf32x3 starts from moves: its small products have an accumulator of their
-// own). 16-bit: the tensor cores add it, one more MMA a step (kBiasByMma).
+// accumulators from zero (scale-d 0). TF32 and 16-bit: the tensor cores add the bias, one more MMA a step
+// (kBiasByMma), where 128 adds a thread after the wait would hold up the next step's issue (Tf32x3 starts from moves:
+// its small products have an accumulator of their own).
 template <class Geometry_>
 struct WgmmaMainloop {
   using Geometry = Geometry_;
@@ -864,20 +874,30 @@ struct WgmmaMainloop {
   static_assert(Geometry::kCout == 64, "one m64 wgmma covers all output channels");
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
-  // 16-bit: the bias enters through the tensor cores as one more k-step after the others: A = the bias in its first
-  // k column and zeros in the others, B = a tile of ones (both staged with the weights). The products (bias x 1,
-  // 0 x 1) are exact; the tensor cores add them into D with their own fp32 accumulation, which may differ from an
-  // fp32 add in the last bit (the saving and inference variants share it, so their outputs stay equal). finish()
-  // adds nothing: one MMA a step instead of 128 adds a thread that wait for the MMAs (docs/perf-notes.md, 19c, 19g).
-  // TF32 keeps the adds: its bias would be rounded to TF32 on the way in.
-  static constexpr bool kBiasByMma = sizeof(Elem) == 2;
+  // The bias enters through the tensor cores as one more k-step after the others: A = the bias in its first k
+  // columns and zeros in the others, B = a tile of ones (both staged with the weights). 16-bit: the bias in k column
+  // 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum is the fp32 bias exactly. The
+  // products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their own fp32 accumulation, which
+  // may differ from an fp32 add in the last bit (the saving and inference variants share it, so their outputs stay
+  // equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that wait for the MMAs
+  // (docs/perf-notes.md, 19c, 19g, 21a). Tf32x3 starts its accumulators from the bias instead.
+  static constexpr bool kBiasByMma = !kSplit;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  static constexpr int kOnesBytes = kBiasByMma ? Geometry::kTileCols * 2 * 16 : 0;  // N x K, K-major, two k halves
+  // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
+  // kOnesStride bytes apart (overlapping), so the MMA reads ones wherever it looks (a whole N x K tile would not fit
+  // beside TF32's five slots).
+  static constexpr int kOnesStride = 16;
+  static constexpr int kOnesBytes = kBiasByMma ? (Geometry::kTileCols / 8) * kOnesStride + 128 : 0;
   static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes + kOnesBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
-  float bias_lo, bias_hi;
+  // What turns the weights' descriptor into one kBytes further on with strides kKStride and kNStride (wrapping).
+  static constexpr uint64_t weights_to(int kBytes, int kKStride, int kNStride) {
+    return (uint64_t)(kBytes >> 4) + ((uint64_t)((kKStride - kAKBytes) >> 4) << 16) +
+           ((uint64_t)((kNStride - 128) >> 4) << 32);
+  }
+  float bias_lo = 0.f, bias_hi = 0.f;  // Tf32x3: the accumulators' start
   // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation
   // loses up to an ulp of the accumulator per instruction, so the big sum gets 18 instructions instead of 54.
   float acc_small[kSplit ? kNBlocks : 1][4];
@@ -886,9 +906,11 @@ struct WgmmaMainloop {
   // its warpgroup.
   __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem, kAKBytes, 128)) {
-    const int warp = ctid >> 5, g = (ctid & 31) >> 2;  // kBiasByMma: unused, and compiled away
-    bias_lo = convert<float>(b[warp * 16 + g]);
-    bias_hi = convert<float>(b[warp * 16 + g + 8]);
+    if constexpr (kSplit) {
+      const int warp = ctid >> 5, g = (ctid & 31) >> 2;
+      bias_lo = convert<float>(b[warp * 16 + g]);
+      bias_hi = convert<float>(b[warp * 16 + g + 8]);
+    }
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
@@ -914,8 +936,16 @@ struct WgmmaMainloop {
     if constexpr (kBiasByMma) {
       for (int i = threadIdx.x; i < Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
         const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
+        Elem v = convert<Elem>(0.f);
+        if constexpr (sizeof(Elem) == 4) {
+          float part[3];
+          split_tf32_bias(b[co], part);
+          v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
+        } else if (kk == 0) {
+          v = b[co];
+        }
         a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
-          kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);
+          kk % kGC] = v;
       }
       for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += blockDim.x)
         a[kWeightBytes / (int)sizeof(Elem) + i] = convert<Elem>(1.f);
@@ -959,9 +989,9 @@ struct WgmmaMainloop {
       }
     }
     if constexpr (kBiasByMma) {
-      // The ones' descriptor from the weights': kWeightBytes further on, its k halves a tile's columns apart.
-      constexpr uint64_t kOnes = (kWeightBytes >> 4) + ((uint64_t)((Geometry::kTileCols * 16 - kAKBytes) >> 4) << 16);
-      static_assert(Geometry::kTileCols * 16 > kAKBytes, "the ones' k halves further apart than the weights'");
+      // The ones' descriptor from the weights' (fields: start, K stride, N stride; no borrow crosses a field):
+      // kWeightBytes further on, both strides kOnesStride instead of kAKBytes and 128.
+      constexpr uint64_t kOnes = weights_to(kWeightBytes, kOnesStride, kOnesStride);
       wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
     }
     wgmma_commit();
@@ -978,12 +1008,6 @@ struct WgmmaMainloop {
       for (int j = 0; j < kNBlocks; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[j][i] += acc_small[j][i];
-    } else if constexpr (!kBiasByMma) {
-#pragma unroll
-      for (int j = 0; j < kNBlocks; ++j) {
-        acc[j][0] += bias_lo, acc[j][1] += bias_lo;
-        acc[j][2] += bias_hi, acc[j][3] += bias_hi;
-      }
     }
   }
   __device__ static void pin(Accum& acc) {
@@ -1238,7 +1262,8 @@ struct WgmmaEpilogue {
   // skew per 32 pixels, kFinal = 8 put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel).
   // The saving variants' 2-byte channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
   static constexpr int kSkew = (kPacked || kFinal != 8) ? 8 : 4;
-  static constexpr int kRedPitch = kTileCols + kTileCols / 4;  // room for a skew of 8 (one layout for both variants)
+  // Room for the larger skew of the two variants (one layout for both): 8 for 16-bit, kSkew for the others.
+  static constexpr int kRedPitch = kTileCols + kTileCols / 32 * (sizeof(Elem) == 2 ? 8 : kSkew);
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Per consumer: two buffers of minima, then two of their channels within the warp (one byte each; used when
   // saving, reserved always so that both variants of a kernel share one layout).
@@ -1360,6 +1385,29 @@ struct WgmmaEpilogue {
       }
     }
   }
+  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), adjacent in each warp's row (skewed() keeps
+  // each 32 pixels together): one word load per warp, the packed min over the 4 words, and one word store of the pair
+  // where the output row allows. Against one pixel a trip (loads of single elements, fp32 mins): bf16 and fp16 3-4%
+  // faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the loop (docs/perf-notes.md,
+  // 21b).
+  static constexpr bool kPairs = kPacked && kTileCols == 2 * Geometry::kWarpgroup;
+  __device__ void write_pair(const float* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
+    const int p = 2 * ctid, col = col0 + p;
+    if (col >= OW) return;
+    const uint32_t* const w = reinterpret_cast<const uint32_t*>(buffer) + skewed(p) / 2;
+    constexpr int kPitch = kRedPitch / 2;
+    const uint32_t m = Precision::min2(Precision::min2(w[0], w[kPitch]), Precision::min2(w[2 * kPitch], w[3 * kPitch]));
+    Elem e[2];
+    memcpy(e, &m, sizeof(m));
+    const float o0 = tanh2(convert<float>(e[0])), o1 = tanh2(convert<float>(e[1]));
+    Elem* const to = dst.out + col;
+    if (col + 1 < OW && (reinterpret_cast<uintptr_t>(to) & (2 * sizeof(Elem) - 1)) == 0) {
+      *reinterpret_cast<uint32_t*>(to) = Precision::pack2(o0, o1);
+    } else {
+      to[0] = convert<Elem>(o0);
+      if (col + 1 < OW) to[1] = convert<Elem>(o1);
+    }
+  }
   // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
   // min over them (warp w holds channels 16w..16w+15), tanh, tanh and the store.
   __device__ void write(const Partial&, const RowOut<typename Geometry::Elem>& dst, int col0, int OW) {
@@ -1367,6 +1415,10 @@ struct WgmmaEpilogue {
     const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
     turn ^= 1;
     named_barrier<Geometry::kWarpgroup>(barrier_id);
+    if constexpr (kPairs) {
+      write_pair(buffer, dst, col0, OW);
+      return;
+    }
     // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
 #pragma unroll(kSave ? 1 : kTileCols / Geometry::kWarpgroup)
     for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {

@@ -1189,6 +1189,43 @@ def test_nan_wins_over_inf_channels_in_the_min(key, tf32_default):
     assert torch.equal(torch.isnan(got), torch.isnan(want))
 
 
+BIAS_CASES = {
+    # needs 21 significant bits: rounded to TF32 (either way) it is 4.9e-4 off, 1.2e-4 after the tanhs
+    "beyond_tf32": -(1 + 2.0 ** -11 + 2.0 ** -20),
+    # the largest finite magnitude: a split whose first part rounds up to infinity leaves inf - inf (NaN) for the rest
+    "largest": -3.4028234663852886e38,
+    "infinite": -float("inf"),
+    "nan_low_payload": None,  # 0x7F800001: reads as infinity to a tensor core unless made canonical
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("key", FP32_KEYS)
+@pytest.mark.parametrize("bias", list(BIAS_CASES))
+def test_bias_enters_as_the_fp32_value(key, bias, tf32_default):
+    """Zero weights: every output pixel is tanh(tanh(min of the bias)), here the bias of channel 37 (the others lie
+    in [0.5, 2]). The fp32 paths must add the bias as the fp32 value it is (the wgmma TF32 kernel adds it through the
+    tensor cores as three TF32 parts); checked against float64 truth at 1e-6, NaN where it is NaN."""
+    case, ref, fn, dtype = _case(key, 41)
+    b = torch.rand(64, generator=torch.Generator().manual_seed(9)) * 1.5 + 0.5
+    if BIAS_CASES[bias] is None:
+        b.view(torch.int32)[37] = 0x7F800001
+    else:
+        b[37] = BIAS_CASES[bias]
+    with torch.no_grad():
+        for m in (ref, fn.model):
+            m.conv.weight.zero_()
+            m.conv.bias.copy_(b)
+    truth = torch.tanh(torch.tanh(b.double().min() if bias != "nan_low_payload" else torch.tensor(float("nan"))))
+    x = make_input((2, 16, 9, 300), seed=8, device="cuda")
+    got = fn(x).double().cpu()
+    if torch.isnan(truth):
+        assert torch.isnan(got).all(), f"{key}: {int((~torch.isnan(got)).sum())} pixels not NaN"
+    else:
+        diff = float((got - truth).abs().max())
+        assert diff <= 1e-6, f"{key}: {diff} from tanh(tanh({float(b[37])}))"
+
+
 STRICT_KEYS = [k for k in CASE_KEYS
                if harness.CASES[k].precision == "strict_fp32" and harness.CASES[k].backend != "cudnn_epilogue"]
 

@@ -247,9 +247,40 @@ MUTANTS = {
     ),
     # wgmma 16-bit: the bias k-step's A holds the bias in every k column, so each channel gets its bias 16 times
     "wgmma_bias_in_every_k_column": (
-        "kk % kGC] = kk == 0 ? b[co] : convert<Elem>(0.f);",
-        "kk % kGC] = b[co];",
+        "        } else if (kk == 0) {\n          v = b[co];",
+        "        } else {\n          v = b[co];",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
+    ),
+    # wgmma 16-bit, the paired write: a pair that cannot be stored as one word loses its second pixel
+    "pair_write_drops_second_pixel": (
+        "      if (col + 1 < OW) to[1] = convert<Elem>(o1);\n",
+        "",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
+    ),
+    # wgmma 16-bit, the paired write: the min over warps 0-2 only (channels 48-63 never win)
+    "pair_write_skips_a_warp": (
+        "Precision::min2(w[2 * kPitch], w[3 * kPitch])",
+        "w[2 * kPitch]",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_other_precisions_full_size", shape="bf16")],
+    ),
+    # wgmma TF32: the bias k-step without the TF32 bias's second and third parts: the bias truncated to TF32
+    "wgmma_tf32_bias_truncated": (
+        "  const float rest = isfinite(v) ? v - part[0] : 0.f;",
+        "  const float rest = 0.f;",
+        [node("test_bias_enters_as_the_fp32_value", "kernel-sm90_tf32", "beyond_tf32"),
+         node("test_bias_enters_as_the_fp32_value", "fused-tf32", "beyond_tf32")],
+    ),
+    # wgmma TF32: the bias's first part rounded to nearest: the largest floats become infinite, the rest inf - inf
+    "wgmma_tf32_bias_part_rounds_up": (
+        "  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);",
+        "  part[0] = round_to_tf32(canonical_nan(v));",
+        [node("test_bias_enters_as_the_fp32_value", "kernel-sm90_tf32", "largest")],
+    ),
+    # wgmma TF32: a NaN bias truncated as it comes: one with payload only in the 13 low bits becomes infinity
+    "wgmma_tf32_bias_nan_not_canonical": (
+        "  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);",
+        "  part[0] = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u);",
+        [node("test_bias_enters_as_the_fp32_value", "kernel-sm90_tf32", "nan_low_payload")],
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (

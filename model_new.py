@@ -1417,33 +1417,33 @@ struct WgmmaEpilogue {
     named_barrier<Geometry::kWarpgroup>(barrier_id);
     if constexpr (kPairs) {
       write_pair(buffer, dst, col0, OW);
-      return;
-    }
-    // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
+    } else {
+      // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
 #pragma unroll(kSave ? 1 : kTileCols / Geometry::kWarpgroup)
-    for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
-      const int col = col0 + p;
-      if (col < OW) {
-        const int at = skewed(p);
-        float m;
-        if constexpr (kSave) {
-          m = buffer[at];
-          int channel = buffer_ch[at];
+      for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
+        const int col = col0 + p;
+        if (col < OW) {
+          const int at = skewed(p);
+          float m;
+          if constexpr (kSave) {
+            m = buffer[at];
+            int channel = buffer_ch[at];
 #pragma unroll
-          for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
-          dst.argmin[col] = (unsigned char)channel;
-          dst.pre_min[col] = m;
-          // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-          if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));
-        } else if constexpr (kPacked) {  // element at in each warp's row of kRedPitch elements
-          const Elem* const e = reinterpret_cast<const Elem*>(buffer);
-          m = nan_min(nan_min(convert<float>(e[at]), convert<float>(e[kRedPitch + at])),
-                      nan_min(convert<float>(e[2 * kRedPitch + at]), convert<float>(e[3 * kRedPitch + at])));
-        } else {
-          m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                      nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+            for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
+            dst.argmin[col] = (unsigned char)channel;
+            dst.pre_min[col] = m;
+            // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
+            if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));
+          } else if constexpr (kPacked) {  // element at in each warp's row of kRedPitch elements
+            const Elem* const e = reinterpret_cast<const Elem*>(buffer);
+            m = nan_min(nan_min(convert<float>(e[at]), convert<float>(e[kRedPitch + at])),
+                        nan_min(convert<float>(e[2 * kRedPitch + at]), convert<float>(e[3 * kRedPitch + at])));
+          } else {
+            m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                        nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+          }
+          dst.out[col] = convert<typename Geometry::Elem>(tanh2(m));
         }
-        dst.out[col] = convert<typename Geometry::Elem>(tanh2(m));
       }
     }
   }

@@ -321,10 +321,14 @@ __device__ __forceinline__ void split_tf32_weight(float v, float& big, float& sm
 // The fp32 bias as three TF32 values whose sum is exactly v, for the tensor cores to add (each times one): the top 11
 // significant bits (truncated, so never rounded up to infinity), the next 11 of the exact remainder, and what is left
 // (at most 2 bits). A NaN or an infinity is the first part alone (a NaN the canonical one, as split_tf32 makes it).
-__device__ __forceinline__ void split_tf32_bias(float v, float (&part)[3]) {
-  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);
+// Below |v| = 2^-113 a part can be subnormal with bits TF32 does not keep: the bias added is then off by less than
+// 2^-136. Host code too: a CPU test checks it on every float (test_split_tf32_bias_on_every_float).
+__host__ __device__ __forceinline__ void split_tf32_bias(float v, float (&part)[3]) {
+  const auto bits = [](float f) { uint32_t u; memcpy(&u, &f, sizeof(u)); return u; };
+  const auto of = [](uint32_t u) { float f; memcpy(&f, &u, sizeof(f)); return f; };
+  part[0] = (v == v) ? of(bits(v) & 0xFFFFE000u) : of(0x7FFFFFFFu);
   const float rest = isfinite(v) ? v - part[0] : 0.f;
-  part[1] = __uint_as_float(__float_as_uint(rest) & 0xFFFFE000u);
+  part[1] = of(bits(rest) & 0xFFFFE000u);
   part[2] = rest - part[1];
 }
 
@@ -876,11 +880,11 @@ struct WgmmaMainloop {
   static constexpr int kAStepBytes = 2 * kAKBytes;
   // The bias enters through the tensor cores as one more k-step after the others: A = the bias in its first k
   // columns and zeros in the others, B = a tile of ones (both staged with the weights). 16-bit: the bias in k column
-  // 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum is the fp32 bias exactly. The
-  // products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their own fp32 accumulation, which
-  // may differ from an fp32 add in the last bit (the saving and inference variants share it, so their outputs stay
-  // equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that wait for the MMAs
-  // (docs/perf-notes.md, 19c, 19g, 21a). Tf32x3 starts its accumulators from the bias instead.
+  // 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum is the fp32 bias (exactly
+  // where |bias| >= 2^-113). The products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their
+  // own fp32 accumulation, which may differ from an fp32 add in the last bit (the saving and inference variants
+  // share it, so their outputs stay equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that
+  // wait for the MMAs (docs/perf-notes.md, 19c, 19g, 21a). Tf32x3 starts its accumulators from the bias instead.
   static constexpr bool kBiasByMma = !kSplit;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
   // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
@@ -892,8 +896,9 @@ struct WgmmaMainloop {
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
-  // What turns the weights' descriptor into one kBytes further on with strides kKStride and kNStride (wrapping).
-  static constexpr uint64_t weights_to(int kBytes, int kKStride, int kNStride) {
+  // What turns the weights' descriptor into one kBytes further on with strides kKStride and kNStride: added to it
+  // modulo 2^64, each field comes out right (none of them goes below zero).
+  __host__ __device__ static constexpr uint64_t weights_to(int kBytes, int kKStride, int kNStride) {
     return (uint64_t)(kBytes >> 4) + ((uint64_t)((kKStride - kAKBytes) >> 4) << 16) +
            ((uint64_t)((kNStride - 128) >> 4) << 32);
   }
@@ -989,8 +994,8 @@ struct WgmmaMainloop {
       }
     }
     if constexpr (kBiasByMma) {
-      // The ones' descriptor from the weights' (fields: start, K stride, N stride; no borrow crosses a field):
-      // kWeightBytes further on, both strides kOnesStride instead of kAKBytes and 128.
+      // The ones' descriptor from the weights': kWeightBytes further on, both strides kOnesStride instead of kAKBytes
+      // and 128.
       constexpr uint64_t kOnes = weights_to(kWeightBytes, kOnesStride, kOnesStride);
       wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
     }

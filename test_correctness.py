@@ -384,7 +384,9 @@ def _nvcc():
         pytest.skip("nvcc is not on PATH")
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # the flags torch's extension build adds
 
-    return [nvcc, "-std=c++17", "-O3", *COMMON_NVCC_FLAGS]
+    # Without --expt-relaxed-constexpr, which torch adds: the source is meant to build with plain nvcc too
+    # (cuda_source()), and with it a host-only constexpr function called from device code would go unnoticed.
+    return [nvcc, "-std=c++17", "-O3", *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
 
 
 def _ptxas_report(tmp_path, arch="90a"):
@@ -614,6 +616,61 @@ def test_argmin_order_is_torch_mins_in_any_fold_order(tmp_path):
             folded = torch.tensor([int(bits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
             assert int(channel) == int(index), (r.tolist(), got)
             assert (folded.isnan() and value.isnan()) or folded == value, (r.tolist(), got)
+
+
+SPLIT_MAIN = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+// split_tf32_bias on every float bit pattern: what a tensor core reads of each part (its 19 top bits) must add up to
+// the value exactly where |v| >= 2^-113 (each part then TF32 as it stands), within 2^-136 below; an infinity is part 0
+// alone, a NaN stays a NaN in what the tensor core reads.
+static float top(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  u &= 0xFFFFE000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+int main() {
+  unsigned long long bad = 0, checked = 0;
+  unsigned first_bad = 0;
+  for (unsigned long long b = 0; b <= 0xFFFFFFFFull; ++b) {
+    const unsigned bits = (unsigned)b;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    float part[3];
+    kb25::split_tf32_bias(v, part);
+    const float t0 = top(part[0]), t1 = top(part[1]), t2 = top(part[2]);
+    bool ok;
+    if (std::isnan(v)) {
+      ok = std::isnan(t0) && part[1] == 0.f && part[2] == 0.f;
+    } else if (std::isinf(v)) {
+      ok = t0 == v && part[1] == 0.f && part[2] == 0.f;
+    } else {
+      const double sum = (double)t0 + (double)t1 + (double)t2;
+      ok = std::isfinite(part[0]) && (std::fabs((double)v) >= std::ldexp(1.0, -113)
+                                          ? t0 == part[0] && t1 == part[1] && t2 == part[2] && sum == (double)v
+                                          : std::fabs(sum - (double)v) < std::ldexp(1.0, -136));
+    }
+    if (!ok && bad++ == 0) first_bad = bits;
+    ++checked;
+  }
+  std::printf("%llu %llu %08x\n", checked, bad, first_bad);
+  return 0;
+}
+"""
+
+
+def test_split_tf32_bias_on_every_float(tmp_path):
+    """The wgmma TF32 kernel adds the fp32 bias through the tensor cores as three TF32 parts (split_tf32_bias, host
+    code of the CUDA source). Over all 2^32 bit patterns: the parts as a tensor core reads them sum to the bias
+    exactly (within 2^-136 below |bias| = 2^-113, where TF32 has no room for the last bits), part 0 never overflows,
+    an infinity is part 0 alone and a NaN stays a NaN."""
+    exe = _host_program(tmp_path, "split", SPLIT_MAIN)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=True).stdout.split()
+    assert int(out[0]) == 2 ** 32
+    assert int(out[1]) == 0, f"{out[1]} bit patterns split wrong, the first 0x{out[2]}"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -272,14 +272,14 @@ MUTANTS = {
     ),
     # wgmma TF32: the bias's first part rounded to nearest: the largest floats become infinite, the rest inf - inf
     "wgmma_tf32_bias_part_rounds_up": (
-        "  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);",
-        "  part[0] = round_to_tf32(canonical_nan(v));",
+        "  part[0] = (v == v) ? of(bits(v) & 0xFFFFE000u) : of(0x7FFFFFFFu);",
+        "  part[0] = (v == v) ? of((bits(v) + 0x1000u) & 0xFFFFE000u) : of(0x7FFFFFFFu);",
         [node("test_bias_enters_as_the_fp32_value", "kernel-sm90_tf32", "largest")],
     ),
     # wgmma TF32: a NaN bias truncated as it comes: one with payload only in the 13 low bits becomes infinity
     "wgmma_tf32_bias_nan_not_canonical": (
-        "  part[0] = (v == v) ? __uint_as_float(__float_as_uint(v) & 0xFFFFE000u) : __uint_as_float(0x7FFFFFFFu);",
-        "  part[0] = __uint_as_float(__float_as_uint(v) & 0xFFFFE000u);",
+        "  part[0] = (v == v) ? of(bits(v) & 0xFFFFE000u) : of(0x7FFFFFFFu);",
+        "  part[0] = of(bits(v) & 0xFFFFE000u);",
         [node("test_bias_enters_as_the_fp32_value", "kernel-sm90_tf32", "nan_low_payload")],
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's

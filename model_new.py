@@ -1395,7 +1395,7 @@ struct WgmmaEpilogue {
   // where the output row allows. Against one pixel a trip (loads of single elements, fp32 mins): bf16 and fp16 3-4%
   // faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the loop (docs/perf-notes.md,
   // 21b).
-  static constexpr bool kPairs = kPacked && kTileCols == 2 * Geometry::kWarpgroup;
+  static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   __device__ void write_pair(const float* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
     const int p = 2 * ctid, col = col0 + p;
     if (col >= OW) return;
@@ -1420,7 +1420,7 @@ struct WgmmaEpilogue {
     const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
     turn ^= 1;
     named_barrier<Geometry::kWarpgroup>(barrier_id);
-    if constexpr (kPairs) {
+    if constexpr (kPacked) {
       write_pair(buffer, dst, col0, OW);
     } else {
       // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
@@ -1439,11 +1439,7 @@ struct WgmmaEpilogue {
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
             if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));
-          } else if constexpr (kPacked) {  // element at in each warp's row of kRedPitch elements
-            const Elem* const e = reinterpret_cast<const Elem*>(buffer);
-            m = nan_min(nan_min(convert<float>(e[at]), convert<float>(e[kRedPitch + at])),
-                        nan_min(convert<float>(e[2 * kRedPitch + at]), convert<float>(e[3 * kRedPitch + at])));
-          } else {
+          } else {  // fp32 minima (the packed ones take write_pair)
             m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
                         nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
           }

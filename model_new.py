@@ -332,7 +332,23 @@ __host__ __device__ __forceinline__ void split_tf32_bias(float v, float (&part)[
   part[2] = rest - part[1];
 }
 
-__device__ __forceinline__ float tanh2(float v) { return tanhf(tanhf(v)); }
+// tanh(tanh(v)) for a fused kernel's output. kApprox (the precision tag's kTanhApprox: TF32, bf16, fp16): the SFU's
+// tanh.approx.f32 twice, one instruction each instead of about 14, then the one rounding to the element type. Its
+// error is bounded by 2^-10.98 relative in the PTX ISA; measured over every float input (tools/tanh_error.py,
+// results/h200-tanh-error.log) it is far smaller, and the tests bound what reaches the output: every 16-bit value
+// within an ulp of the float64 tanh(tanh(m)) and no further than the reference's two roundings
+// (test_16bit_tanh2_of_every_value), TF32 within 2^-16 (test_fp32_tanh2_error). 3xTF32 (1e-5 against the strict
+// reference): tanhf twice, within 2 fp32 ulps each. The saving and inference variants share it, so their outputs stay
+// equal.
+template <bool kApprox>
+__device__ __forceinline__ float tanh2(float v) {
+  if constexpr (kHasFused && kApprox) {
+    asm("tanh.approx.f32 %0, %0;\n tanh.approx.f32 %0, %0;\n" : "+f"(v));
+    return v;
+  } else {
+    return tanhf(tanhf(v));
+  }
+}
 
 // torch.min's order on (value, channel), which picks the argmin its backward scatters to: a NaN before any number
 // (the lower channel among NaNs), else the smaller value, else the lower channel.
@@ -371,6 +387,7 @@ struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded t
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = false;
+  static constexpr bool kTanhApprox = false;  // tanh2: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, 22b)
   __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
   // Inputs, kN words at a time, into a slot that wgmma reads (low bits cleared) or that mma.sync loads into registers:
   // a NaN comes out right only as 0x7FC00000 (kFastNeedsNoNaN).
@@ -386,6 +403,7 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
   using Elem = float;
   static constexpr int kMmaK = 8;
   static constexpr bool kSplit = true;
+  static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference
   __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
   static constexpr bool kFastNeedsNoNaN = false;
   template <int kN>
@@ -415,6 +433,7 @@ struct Bf16 {  // operands as they come, fp32 accumulation
   using Elem = __nv_bfloat16;
   static constexpr int kMmaK = 16;
   static constexpr bool kSplit = false;
+  static constexpr bool kTanhApprox = true;  // tanh2
   __device__ static Elem to_tensor_core(Elem v) { return v; }
   KB25_PACKED_MIN("bf16")
 };
@@ -422,6 +441,7 @@ struct Fp16 {
   using Elem = __half;
   static constexpr int kMmaK = 16;
   static constexpr bool kSplit = false;
+  static constexpr bool kTanhApprox = true;  // tanh2
   __device__ static Elem to_tensor_core(Elem v) { return v; }
   KB25_PACKED_MIN("f16")
 };
@@ -892,6 +912,10 @@ struct WgmmaMainloop {
   // beside TF32's five slots).
   static constexpr int kOnesStride = 16;
   static constexpr int kOnesBytes = kBiasByMma ? (Geometry::kTileCols / 8) * kOnesStride + 128 : 0;
+  // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
+  // (8 KB) from its start, which then stays inside the CTA's shared memory (after the weights it ran past the end).
+  static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
+  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * 16 * 2, "a dense ones tile's room");
   static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes + kOnesBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
@@ -910,7 +934,7 @@ struct WgmmaMainloop {
   // D fragment rows: warp w of the warpgroup holds output channels 16w + g and 16w + g + 8. ctid: the thread within
   // its warpgroup.
   __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
-      : weights(wgmma_desc(smem, kAKBytes, 128)) {
+      : weights(wgmma_desc(smem + kOnesBytes, kAKBytes, 128)) {
     if constexpr (kSplit) {
       const int warp = ctid >> 5, g = (ctid & 31) >> 2;
       bias_lo = convert<float>(b[warp * 16 + g]);
@@ -921,7 +945,7 @@ struct WgmmaMainloop {
   // they split into roles.
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
-    Elem* const a = reinterpret_cast<Elem*>(smem);
+    Elem* const a = reinterpret_cast<Elem*>(smem + kOnesBytes);
     for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
       const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
       const int kk = i % Geometry::kMmaK;
@@ -953,7 +977,7 @@ struct WgmmaMainloop {
           kk % kGC] = v;
       }
       for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += blockDim.x)
-        a[kWeightBytes / (int)sizeof(Elem) + i] = convert<Elem>(1.f);
+        reinterpret_cast<Elem*>(smem)[i] = convert<Elem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -994,9 +1018,9 @@ struct WgmmaMainloop {
       }
     }
     if constexpr (kBiasByMma) {
-      // The ones' descriptor from the weights': kWeightBytes further on, both strides kOnesStride instead of kAKBytes
+      // The ones' descriptor from the weights': kOnesBytes before them, both strides kOnesStride instead of kAKBytes
       // and 128.
-      constexpr uint64_t kOnes = weights_to(kWeightBytes, kOnesStride, kOnesStride);
+      constexpr uint64_t kOnes = weights_to(-kOnesBytes, kOnesStride, kOnesStride);
       wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
     }
     wgmma_commit();
@@ -1404,7 +1428,8 @@ struct WgmmaEpilogue {
     const uint32_t m = Precision::min2(Precision::min2(w[0], w[kPitch]), Precision::min2(w[2 * kPitch], w[3 * kPitch]));
     Elem e[2];
     memcpy(e, &m, sizeof(m));
-    const float o0 = tanh2(convert<float>(e[0])), o1 = tanh2(convert<float>(e[1]));
+    const float o0 = tanh2<Precision::kTanhApprox>(convert<float>(e[0])),
+                o1 = tanh2<Precision::kTanhApprox>(convert<float>(e[1]));
     Elem* const to = dst.out + col;
     if (col + 1 < OW && (reinterpret_cast<uintptr_t>(to) & (2 * sizeof(Elem) - 1)) == 0) {
       *reinterpret_cast<uint32_t*>(to) = Precision::pack2(o0, o1);
@@ -1443,7 +1468,7 @@ struct WgmmaEpilogue {
             m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
                         nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
           }
-          dst.out[col] = convert<typename Geometry::Elem>(tanh2(m));
+          dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }
       }
     }
@@ -1536,12 +1561,12 @@ struct MmaSyncEpilogue {
         const float m = half ? part.hi[i] : part.lo[i];
         if constexpr (kSave) {
           if (mt < kMTiles && at < OW) {
-            dst.out[at] = convert<Elem>(tanh2(m));
+            dst.out[at] = convert<Elem>(tanh2<Geometry::Precision::kTanhApprox>(m));
             dst.argmin[at] = (unsigned char)(half ? part.hi_ch[i] : part.lo_ch[i]);
             dst.pre_min[at] = m;
           }
         } else {  // tanh2 whether or not the pixel is stored: a predicated store, no branch around the math
-          const Elem v = convert<Elem>(tanh2(m));
+          const Elem v = convert<Elem>(tanh2<Geometry::Precision::kTanhApprox>(m));
           if (mt < kMTiles && at < OW) dst.out[at] = v;
         }
       }

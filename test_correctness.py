@@ -1,4 +1,5 @@
 """ModelNew against reference.Model. CPU tests run everywhere; GPU tests need CUDA and skip with a reason."""
+import math
 import os
 import re
 import shutil
@@ -1281,6 +1282,82 @@ def test_bias_enters_as_the_fp32_value(key, bias, tf32_default):
     else:
         diff = float((got - truth).abs().max())
         assert diff <= 1e-6, f"{key}: {diff} from tanh(tanh({float(b[37])}))"
+
+
+# The fused paths (cudnn_epilogue is the reference's own math, two roundings included).
+SIXTEEN_BIT_KEYS = [k for k in CASE_KEYS
+                    if harness.CASES[k].precision in ("bf16", "fp16") and harness.CASES[k].backend != "cudnn_epilogue"]
+FUSED_FP32_KEYS = [k for k in FP32_KEYS if harness.CASES[k].backend != "cudnn_epilogue"]
+
+
+def _one_tap_models(key, seed):
+    """(case, reference, fn, dtype) of _case with one weight of 1 (every output channel, input channel 0, tap (0, 0)),
+    every other weight and the bias 0: output pixel (i, j) is tanh(tanh(x[:, 0, i, j])), the min of 64 equal values,
+    with nothing rounded on the way but the input as the kernel takes it."""
+    case, ref, fn, dtype = _case(key, seed)
+    with torch.no_grad():
+        for m in (ref, fn.model):
+            m.conv.weight.zero_()
+            m.conv.weight[:, 0, 0, 0] = 1.0
+            m.conv.bias.zero_()
+    return case, ref, fn, dtype
+
+
+def _ulps(got, truth, dtype):
+    """|got - truth| in units of dtype's spacing at the float64 truth (below the normal range: the subnormal one)."""
+    info = torch.finfo(dtype)
+    exponent = torch.floor(torch.log2(truth.abs().clamp_min(info.tiny)))
+    return (got.double() - truth).abs() / torch.exp2(exponent - {torch.bfloat16: 7, torch.float16: 10}[dtype])
+
+
+@needs_cuda
+@pytest.mark.parametrize("key", SIXTEEN_BIT_KEYS)
+def test_16bit_tanh2_of_every_value(key, tf32_default):
+    """Every finite value m of the element type as some pixel's min (one weight of 1 in channel 0's first tap, the
+    rest 0, bias 0: output pixel (i, j) is tanh(tanh(x[0, 0, i, j])) with no conv rounding), through each 16-bit path.
+    The output must be within one ulp of the float64 tanh(tanh(m)) for every m, and no further than the reference's
+    worst (its two roundings, each tanh rounded to the element type). The 16-bit kernels take tanh.approx.f32 twice
+    (relative error below 2^-10.98 each): for bf16 a quarter of an ulp at most before the one rounding."""
+    case, ref, fn, dtype = _one_tap_models(key, 43)
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    values = torch.where(torch.isfinite(values), values, torch.ones((), dtype=dtype))
+    x = make_input((1, 16, 258, 258), seed=13, device="cuda").to(dtype)
+    x[0, 0, :256, :256] = values.view(256, 256).cuda()
+    m = x[0, 0, :256, :256].double().cpu()
+    truth = torch.tanh(torch.tanh(m))
+    want = _run(ref, x)[0, 0].cpu()
+    harness.poison_cuda_allocator(want.numel() * 2)
+    got = _run(fn, x)[0, 0].cpu()
+    assert got.dtype == dtype
+    err, ref_err = _ulps(got, truth, dtype), _ulps(want, truth, dtype)
+    worst = int(err.argmax())
+    print(f"{key}: max {float(err.max()):.3f} ulp ({int((err > 0.5).sum())} values over half an ulp), the "
+          f"reference's {float(ref_err.max()):.3f} ({int((ref_err > 0.5).sum())})")
+    assert float(err.max()) <= 1.0, \
+        f"{key}: tanh(tanh({float(m.view(-1)[worst])})) = {float(got.view(-1)[worst])}, {float(err.max())} ulp off"
+    assert float(err.max()) <= float(ref_err.max()), f"{key}: {float(err.max())} ulp, the reference {float(ref_err.max())}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("key", FUSED_FP32_KEYS)
+def test_fp32_tanh2_error(key, tf32_default):
+    """tanh(tanh(m)) for 65,536 values of m in [-6, 6] through each fp32 fused path (one weight of 1): within 2^-20 of
+    float64, as tanhf twice is (2 fp32 ulps each). The SFU's tanh.approx.f32, which the 16-bit kernels take, put
+    strict fp32's full-problem output 8.7e-6 from float64 (the bound of that test: 8.7e-7): not for fp32 outputs. m is
+    what the kernel multiplies: x rounded to TF32 (to nearest) for TF32, x itself for 3xTF32."""
+    case, ref, fn, dtype = _one_tap_models(key, 44)
+    x = make_input((1, 16, 258, 258), seed=14, device="cuda")
+    x[0, 0, :256, :256] = torch.linspace(-6.0, 6.0, 65536, device="cuda").view(256, 256)
+    m = x[0, 0, :256, :256].double().cpu()
+    if case.precision == "tf32":
+        m = harness.round_tf32(m.float()).double()
+    harness.poison_cuda_allocator(256 * 256 * 4)
+    got = _run(fn, x)[0, 0].double().cpu()
+    err = (got - torch.tanh(torch.tanh(m))).abs()
+    bound = 2.0 ** -20
+    worst = int(err.argmax())
+    print(f"{key}: max {float(err.max()):.3e} (2^{math.log2(max(float(err.max()), 2.0 ** -149)):.1f})")
+    assert float(err.max()) <= bound, f"{key}: tanh(tanh({float(m.view(-1)[worst])})) {float(err.max())} off"
 
 
 STRICT_KEYS = [k for k in CASE_KEYS

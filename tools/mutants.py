@@ -109,6 +109,28 @@ MUTANTS = {
         [node("test_nan_wins_over_inf_channels_in_the_min", "fused-bf16"),
          node("test_nan_and_inf_inputs", "kernel-sm90_fp16", shape="aligned")],
     ),
+    # the first tanh of a 16-bit output rounded to bf16 before the second (the reference rounds there): over one ulp
+    # of the exact tanh(tanh(m)) for some 16-bit m
+    "tanh2_rounds_between": (
+        'asm("tanh.approx.f32 %0, %0;\\n tanh.approx.f32 %0, %0;\\n" : "+f"(v));',
+        'asm("tanh.approx.f32 %0, %0;\\n" : "+f"(v)); v = __bfloat162float(__float2bfloat16(v));\n'
+        '    asm("tanh.approx.f32 %0, %0;\\n" : "+f"(v));',
+        [node("test_16bit_tanh2_of_every_value", "kernel-sm90_bf16"),
+         node("test_16bit_tanh2_of_every_value", "kernel-sm80_bf16")],
+    ),
+    # the SFU's tanh for 3xTF32 too: its error is many times what strict fp32 is allowed
+    "tanh2_approx_for_strict": (
+        "  static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference\n",
+        "  static constexpr bool kTanhApprox = true;\n",
+        [node("test_fp32_tanh2_error", "kernel-sm90_tf32x3"), node("test_fp32_tanh2_error", "kernel-sm80_tf32x3"),
+         "test_other_precisions_full_size[strict_fp32]"],
+    ),
+    # the SFU's tanh for TF32 too (within TF32's 1e-4, but not what the fp32 paths promise)
+    "tanh2_approx_for_tf32": (
+        "  static constexpr bool kTanhApprox = false;  // tanh2: the SFU's tanh slowed the wgmma kernel",
+        "  static constexpr bool kTanhApprox = true;  //",
+        [node("test_fp32_tanh2_error", "kernel-sm90_tf32"), node("test_fp32_tanh2_error", "kernel-sm80_tf32")],
+    ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (
         "          if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));\n",

@@ -919,11 +919,13 @@ struct WgmmaMainloop {
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
-  // What turns the weights' descriptor into one kBytes further on with strides kKStride and kNStride: added to it
-  // modulo 2^64, each field comes out right (none of them goes below zero).
+  // What turns the weights' descriptor into one kBytes further on (or back, kBytes < 0: the ones just before the
+  // weights) with strides kKStride and kNStride: added to it modulo 2^64, each field comes out right, as none of them
+  // goes below zero (the weights' start field is at least kOnesBytes / 16, their strides at least the new ones).
+  // Every argument is a multiple of 16.
   __host__ __device__ static constexpr uint64_t weights_to(int kBytes, int kKStride, int kNStride) {
-    return (uint64_t)(kBytes >> 4) + ((uint64_t)((kKStride - kAKBytes) >> 4) << 16) +
-           ((uint64_t)((kNStride - 128) >> 4) << 32);
+    return (uint64_t)(kBytes / 16) + ((uint64_t)((kKStride - kAKBytes) / 16) << 16) +
+           ((uint64_t)((kNStride - 128) / 16) << 32);
   }
   float bias_lo = 0.f, bias_hi = 0.f;  // Tf32x3: the accumulators' start
   // Tf32x3 accumulates the two small products apart and adds them at the end: the tensor cores' fp32 accumulation

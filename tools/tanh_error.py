@@ -1,5 +1,5 @@
 """The error of the tanh the fused kernels use, over every finite float input: the SFU's tanh.approx.f32 once and
-twice (tanh2 where the precision tag's kTanhApprox is set: TF32, bf16, fp16) and tanhf twice (3xTF32), against
+twice (tanh2 where the precision tag's kTanhApprox is set: bf16, fp16) and tanhf twice (TF32, 3xTF32), against
 float64 tanh on the GPU. Prints the largest absolute and relative errors and an input that reaches each.
 
     python3 tools/tanh_error.py

@@ -914,7 +914,8 @@ struct WgmmaMainloop {
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
   // (8 KB) from its start, which then stays inside the CTA's shared memory (after the weights it ran past the end).
   static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
-  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * 16 * 2, "a dense ones tile's room");
+  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(Elem),
+                "a dense ones tile's room");
   static constexpr int kSmemBytes = (kSplit ? 2 : 1) * kWeightBytes + kOnesBytes;
   static constexpr int kRegisters = (kSplit ? 2 : 1) * kNBlocks * 4;
 

@@ -1306,8 +1306,7 @@ def _one_tap_models(key, seed):
 def _ulps(got, truth, dtype):
     """|got - truth| in units of dtype's spacing at the float64 truth (below the normal range: the subnormal one)."""
     info = torch.finfo(dtype)
-    exponent = torch.floor(torch.log2(truth.abs().clamp_min(info.tiny)))
-    return (got.double() - truth).abs() / torch.exp2(exponent - {torch.bfloat16: 7, torch.float16: 10}[dtype])
+    return (got.double() - truth).abs() / (torch.exp2(torch.floor(torch.log2(truth.abs().clamp_min(info.tiny)))) * info.eps)
 
 
 @needs_cuda

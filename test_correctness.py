@@ -742,6 +742,22 @@ def test_every_mutant_edits_the_current_source():
             assert f"test_correctness.py::{test}" in collected, f"mutant {name}: no test {test}"
 
 
+def test_timeline_stamps_the_current_source():
+    """tools/timeline.py stamps a copy of model_new.py by textual edits: each anchor must be there exactly once, so
+    that every stamp it reports is where its name says (the consumer's six a step, the producer's four a row)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import timeline
+
+    with open(model_new.__file__) as f:
+        text = f.read()
+    stamped = timeline.stamped_source(text)
+    assert [stamped.count(f"KB25_STAMP({k});") for k in range(6)] == [1] * 6
+    assert [stamped.count(f"KB25_PSTAMP({k});") for k in range(4)] == [1] * 4
+    assert 'EXTENSION_NAME = "kb25_conv_min_tanh2_timeline"' in stamped
+    with pytest.raises(ValueError, match="expected 1 copy of 'ring.commit"):
+        timeline.stamped_source(text.replace("    ring.commit(d);\n", "    ring.commit(d) ;\n"))
+
+
 @pytest.mark.parametrize("args, exc, pattern", [
     (((8,), 1024), TypeError, r"capability=\(major, minor\) as two ints, got \(8,\)"),
     (((8, 6.0), 1024), TypeError, r"as two ints, got \(8, 6\.0\)"),

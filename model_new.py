@@ -869,6 +869,27 @@ struct RowProducer {
 };
 
 // ================================================================ mainloops (MMA policies)
+// Element i (< kCount) of what the CTA's kThreads threads stage into shared memory: store(i, load(i)). Each thread
+// issues all of its loads before its first store, so that they wait for memory once together: a loop of a load and a
+// store waits for each load in turn, 24 to 36 of them a thread here, which took about 2% of the 16-bit wgmma kernel
+// (docs/perf-notes.md, v23).
+template <int kThreads, int kCount, class Load, class Store>
+__device__ __forceinline__ void stage_batched(const Load& load, const Store& store) {
+  constexpr int kPer = (kCount + kThreads - 1) / kThreads;
+  constexpr bool kWhole = kCount % kThreads == 0;  // no bounds check: no branches between the loads
+  decltype(load(0)) v[kPer];
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int i = threadIdx.x + r * kThreads;
+    if (kWhole || i < kCount) v[r] = load(i);
+  }
+#pragma unroll
+  for (int r = 0; r < kPer; ++r) {
+    const int i = threadIdx.x + r * kThreads;
+    if (kWhole || i < kCount) store(i, v[r]);
+  }
+}
+
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
 // release_oldest) issues the MMAs of one step over the three slots of rows oy..oy+2; finish(acc, release_oldest)
 // waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
@@ -945,40 +966,47 @@ struct WgmmaMainloop {
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
+  template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
     Elem* const a = reinterpret_cast<Elem*>(smem + kOnesBytes);
-    for (int i = threadIdx.x; i < Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
-      const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
-      const int kk = i % Geometry::kMmaK;
-      const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kk;
-      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
-      const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
-                     kk % kGC;
-      if constexpr (kSplit) {
-        float big, small;
-        Precision::split_weight(v, big, small);
-        a[at] = big;
-        a[at + kWeightBytes / 4] = small;
-      } else {
-        a[at] = Precision::to_tensor_core(v);
-      }
-    }
+    stage_batched<kThreads, Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK>(
+        [&](int i) {
+          const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
+          const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + i % Geometry::kMmaK;
+          return w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+        },
+        [&](int i, Elem v) {
+          const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
+          const int kk = i % Geometry::kMmaK;
+          const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
+                         kk % kGC;
+          if constexpr (kSplit) {
+            float big, small;
+            Precision::split_weight(v, big, small);
+            a[at] = big;
+            a[at + kWeightBytes / 4] = small;
+          } else {
+            a[at] = Precision::to_tensor_core(v);
+          }
+        });
     if constexpr (kBiasByMma) {
-      for (int i = threadIdx.x; i < Geometry::kCout * Geometry::kMmaK; i += blockDim.x) {
-        const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-        Elem v = convert<Elem>(0.f);
-        if constexpr (sizeof(Elem) == 4) {
-          float part[3];
-          split_tf32_bias(b[co], part);
-          v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
-        } else if (kk == 0) {
-          v = b[co];
-        }
-        a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
-          kk % kGC] = v;
-      }
-      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += blockDim.x)
+      stage_batched<kThreads, Geometry::kCout * Geometry::kMmaK>(
+          [&](int i) { return b[i / Geometry::kMmaK]; },
+          [&](int i, Elem bias) {
+            const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
+            Elem v = convert<Elem>(0.f);
+            if constexpr (sizeof(Elem) == 4) {
+              float part[3];
+              split_tf32_bias(bias, part);
+              v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
+            } else if (kk == 0) {
+              v = bias;
+            }
+            a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
+                  (int)sizeof(Elem) + kk % kGC] = v;
+          });
+      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += kThreads)
         reinterpret_cast<Elem*>(smem)[i] = convert<Elem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
@@ -1094,28 +1122,33 @@ struct MmaSyncMainloop {
   // Word ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), register e & 1 of the
   // B fragment of n-tile 2q + e/2: column n = g, rows k = kPerWord * t + kMmaK/2 * (e & 1) + h for its element h.
   // One conflict-free 16-byte load per lane and pair of n-tiles.
+  template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     Elem* const wdst = reinterpret_cast<Elem*>(smem);
-    for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
-      const int h = i % kPerWord, word = i / kPerWord;
-      const int e = word & 3, lane = (word >> 2) & 31;
-      const int q = (word >> 7) % (kNTiles / 2);
-      const int ks = (word >> 7) / (kNTiles / 2);
-      const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-      const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
-                     Geometry::kMmaK / 2 * (e & 1) + h;
-      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
-      if constexpr (kSplit) {
-        float big, small;
-        Precision::split_weight(v, big, small);
-        wdst[i] = big;
-        wdst[i + kWeightWords] = small;
-      } else {
-        wdst[i] = Precision::to_tensor_core(v);
-      }
-    }
+    stage_batched<kThreads, kWeightWords * kPerWord>(
+        [&](int i) {
+          const int h = i % kPerWord, word = i / kPerWord;
+          const int e = word & 3, lane = (word >> 2) & 31;
+          const int q = (word >> 7) % (kNTiles / 2);
+          const int ks = (word >> 7) / (kNTiles / 2);
+          const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
+          const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
+                         Geometry::kMmaK / 2 * (e & 1) + h;
+          return w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+        },
+        [&](int i, Elem v) {
+          if constexpr (kSplit) {
+            float big, small;
+            Precision::split_weight(v, big, small);
+            wdst[i] = big;
+            wdst[i + kWeightWords] = small;
+          } else {
+            wdst[i] = Precision::to_tensor_core(v);
+          }
+        });
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);
+    stage_batched<kThreads, kBiasQuads * 4>([&](int i) { return b[i / 4 * 2 + (i & 1)]; },
+                                            [&](int i, Elem v) { bdst[i] = convert<float>(v); });
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
@@ -1776,7 +1809,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (!Traits::kSelfFed && threadIdx.x == 0) {
       for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
     }
-    Traits::Mainloop::stage_shared(shared, w, b);
+    Traits::Mainloop::template stage_shared<Traits::kThreads>(shared, w, b);
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);

@@ -272,8 +272,8 @@ MUTANTS = {
     ),
     # wgmma 16-bit: the bias k-step's A holds the bias in every k column, so each channel gets its bias 16 times
     "wgmma_bias_in_every_k_column": (
-        "        } else if (kk == 0) {\n          v = b[co];",
-        "        } else {\n          v = b[co];",
+        "            } else if (kk == 0) {\n              v = bias;",
+        "            } else {\n              v = bias;",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
     # wgmma 16-bit, the paired write: a pair that cannot be stored as one word loses its second pixel
@@ -309,8 +309,8 @@ MUTANTS = {
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
-        "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",
-        "bdst[i] = convert<float>(b[i / 4 * 2]);",
+        "[&](int i) { return b[i / 4 * 2 + (i & 1)]; }",
+        "[&](int i) { return b[i / 4 * 2]; }",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product

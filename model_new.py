@@ -1122,33 +1122,32 @@ struct MmaSyncMainloop {
   // Word ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), register e & 1 of the
   // B fragment of n-tile 2q + e/2: column n = g, rows k = kPerWord * t + kMmaK/2 * (e & 1) + h for its element h.
   // One conflict-free 16-byte load per lane and pair of n-tiles.
+  // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
+  // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
+  // (docs/perf-notes.md, v23).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     Elem* const wdst = reinterpret_cast<Elem*>(smem);
-    stage_batched<kThreads, kWeightWords * kPerWord>(
-        [&](int i) {
-          const int h = i % kPerWord, word = i / kPerWord;
-          const int e = word & 3, lane = (word >> 2) & 31;
-          const int q = (word >> 7) % (kNTiles / 2);
-          const int ks = (word >> 7) / (kNTiles / 2);
-          const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
-          const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
-                         Geometry::kMmaK / 2 * (e & 1) + h;
-          return w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
-        },
-        [&](int i, Elem v) {
-          if constexpr (kSplit) {
-            float big, small;
-            Precision::split_weight(v, big, small);
-            wdst[i] = big;
-            wdst[i + kWeightWords] = small;
-          } else {
-            wdst[i] = Precision::to_tensor_core(v);
-          }
-        });
+    for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
+      const int h = i % kPerWord, word = i / kPerWord;
+      const int e = word & 3, lane = (word >> 2) & 31;
+      const int q = (word >> 7) % (kNTiles / 2);
+      const int ks = (word >> 7) / (kNTiles / 2);
+      const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
+      const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
+                     Geometry::kMmaK / 2 * (e & 1) + h;
+      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+      if constexpr (kSplit) {
+        float big, small;
+        Precision::split_weight(v, big, small);
+        wdst[i] = big;
+        wdst[i + kWeightWords] = small;
+      } else {
+        wdst[i] = Precision::to_tensor_core(v);
+      }
+    }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    stage_batched<kThreads, kBiasQuads * 4>([&](int i) { return b[i / 4 * 2 + (i & 1)]; },
-                                            [&](int i, Elem v) { bdst[i] = convert<float>(v); });
+    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are

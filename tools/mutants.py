@@ -309,8 +309,8 @@ MUTANTS = {
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
-        "[&](int i) { return b[i / 4 * 2 + (i & 1)]; }",
-        "[&](int i) { return b[i / 4 * 2]; }",
+        "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",
+        "bdst[i] = convert<float>(b[i / 4 * 2]);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product

@@ -871,7 +871,7 @@ struct RowProducer {
 // ================================================================ mainloops (MMA policies)
 // Element i (< kCount) of what the CTA's kThreads threads stage into shared memory: store(i, load(i)). Each thread
 // issues all of its loads before its first store, so that they wait for memory once together: a loop of a load and a
-// store waits for each load in turn, 24 to 36 of them a thread here, which took about 2% of the 16-bit wgmma kernel
+// store waits for each load in turn, 24 of them a thread in the wgmma kernels, which took about 2% of the 16-bit one
 // (docs/perf-notes.md, v23).
 template <int kThreads, int kCount, class Load, class Store>
 __device__ __forceinline__ void stage_batched(const Load& load, const Store& store) {

@@ -756,6 +756,11 @@ def test_timeline_stamps_the_current_source():
     assert 'EXTENSION_NAME = "kb25_conv_min_tanh2_timeline"' in stamped
     with pytest.raises(ValueError, match="expected 1 copy of 'ring.commit"):
         timeline.stamped_source(text.replace("    ring.commit(d);\n", "    ring.commit(d) ;\n"))
+    # its report assumes two consumers fed by producer warps: any other kernel is refused in one line, before a build
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(timeline.__file__), "timeline.py"), "sm80_bf16"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "expected a wgmma kernel (sm90_tf32, sm90_tf32x3, sm90_bf16, sm90_fp16), got " \
+        "'sm80_bf16'" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args, exc, pattern", [

@@ -3035,6 +3035,13 @@ def _arch_flags():
     return flags, defines
 
 
+def _cuda_cflags(arch_flags):
+    """nvcc flags of the build beyond torch's own. No -std: where none is given, torch's extension build adds the C++
+    standard of its release, the one its headers need (C++20 in torch 2.13 and 2.14; 2.14's headers refuse C++17),
+    and the source builds under C++17 and C++20 alike (test_cuda_source_compiles_for_every_arch_without_spills)."""
+    return ["-O3", *arch_flags]
+
+
 def _build_extension():
     """Compile once per source version (torch caches the build). Only where CUDA is available: a failed build
     raises here, at import, with the compiler's message."""
@@ -3052,7 +3059,7 @@ def _build_extension():
         cuda_sources=[cuda_source()],
         functions=EXTENSION_FUNCTIONS,
         extra_cflags=["-O3", *cpp_defines],
-        extra_cuda_cflags=["-O3", "-std=c++17", *arch_flags],
+        extra_cuda_cflags=_cuda_cflags(arch_flags),
         verbose=False,
         **extra,
     )

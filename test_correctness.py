@@ -379,7 +379,7 @@ def test_exact_fp32_misses_the_tf32_reference(seed):
     assert compare(model_new.reference_math(harness.round_tf32(x), harness.round_tf32(w), b), tf32_ref)[0]
 
 
-def _nvcc():
+def _nvcc(std="c++17"):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
@@ -387,13 +387,13 @@ def _nvcc():
 
     # Without --expt-relaxed-constexpr, which torch adds: the source is meant to build with plain nvcc too
     # (cuda_source()), and with it a host-only constexpr function called from device code would go unnoticed.
-    return [nvcc, "-std=c++17", "-O3", *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
+    return [nvcc, f"-std={std}", "-O3", *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
 
 
-def _ptxas_report(tmp_path, arch="90a"):
+def _ptxas_report(tmp_path, arch="90a", std="c++17"):
     src = tmp_path / "kernels.cu"
     src.write_text(model_new.cuda_source())
-    cmd = [*_nvcc(), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v", str(src), "-o",
+    cmd = [*_nvcc(std), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v", str(src), "-o",
            str(tmp_path / f"kernels_{arch}.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -443,12 +443,18 @@ def fused_smem_bytes(tmp_path_factory):
     return dict(zip(model_new.FUSED_KERNELS, map(int, out)))
 
 
+# The C++ standards torch's extension build compiles the source under: model_new passes none, so torch adds its own
+# (C++20 in torch 2.13 and 2.14, whose headers refuse C++17); C++17 is nvcc's default and that of older releases.
+CXX_STANDARDS = ["c++17", "c++20"]
+
+
+@pytest.mark.parametrize("std", CXX_STANDARDS)
 @pytest.mark.parametrize("arch", BUILD_ARCHS)
-def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, fused_smem_bytes):
-    """The CUDA source compiles for each arch with no warning, stack frame or spill: the fused kernels where the arch
-    has their instructions (mma.sync from sm_80, wgmma on sm_90a) and gives a block their shared memory, empty
-    elsewhere; the epilogue kernel everywhere."""
-    report = _ptxas_report(tmp_path, arch)
+def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, std, fused_smem_bytes):
+    """The CUDA source compiles for each arch and standard with no warning, stack frame or spill: the fused kernels
+    where the arch has their instructions (mma.sync from sm_80, wgmma on sm_90a) and gives a block their shared
+    memory, empty elsewhere; the epilogue kernel everywhere."""
+    report = _ptxas_report(tmp_path, arch, std)
     kernels = _ptxas_kernels(report)
     fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
     # each table row, once for inference and once saving the argmin for the backward
@@ -486,18 +492,32 @@ def test_rate_tools_compile_without_spills(tmp_path, tool):
     assert spills and all(n == "0" for n in spills), proc.stderr[-4000:]
 
 
+def _torch_headers_std():
+    """The oldest C++ standard the installed torch's headers accept (ATen.h refuses older ones with an #error)."""
+    from torch.utils.cpp_extension import include_paths
+
+    with open(os.path.join(include_paths()[0], "ATen", "ATen.h")) as f:
+        found = re.search(r"__cplusplus < (\d+)L", f.read())
+    standards = {"201703": "c++17", "202002": "c++20"}
+    assert found and found.group(1) in standards, f"ATen.h: expected __cplusplus < 201703L or 202002L, got {found}"
+    return standards[found.group(1)]
+
+
 @pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
 def test_cuda_source_compiles_after_torchs_headers(tmp_path, arch):
     """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):
-    torch's headers first, then the CUDA source, under torch's flags. cuda_fp16.h and cuda_bf16.h are then included
-    under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no conversion operators, so the source converts between
-    element types by intrinsics (with the operators it failed to build there, on every arch)."""
+    torch's headers first, then the CUDA source, under torch's flags and a standard its headers accept (model_new
+    passes no -std of its own, so torch's build picks one; C++20 from torch 2.14). cuda_fp16.h and cuda_bf16.h are
+    then included under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no conversion operators, so the source converts
+    between element types by intrinsics (with the operators it failed to build there, on every arch)."""
     from torch.utils.cpp_extension import include_paths
 
+    assert not [f for f in model_new._cuda_cflags([]) if f.startswith("-std")], "torch's build chooses the standard"
     src = tmp_path / "cuda.cu"
     src.write_text("\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>",
                               model_new.cuda_source()]))
-    cmd = [*_nvcc(), *(f"-I{p}" for p in include_paths()), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src),
+    cmd = [*_nvcc(_torch_headers_std()), *(f"-I{p}" for p in include_paths()), "-c",
+           f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src),
            "-o", str(tmp_path / "cuda.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -252,6 +252,17 @@ __device__ __forceinline__ void named_barrier(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
+// Four 8x8 matrices of 16-bit elements from the mma fragment layout (register i: row lane / 4, columns 2 (lane % 4)
+// and + 1 of matrix i) into shared memory transposed: row r of matrix i (column r of the fragment) goes to the
+// 16 bytes at lane 8i + r's address. sm_90.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+#endif
+}
+
 // torch.min semantics: NaN wins (fminf would drop it). min.NaN needs sm_80; the select does the same before it.
 __device__ __forceinline__ float nan_min(float a, float b) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -1300,37 +1311,45 @@ struct MmaSyncMainloop {
 // Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
 
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
-// 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values; three butterfly steps over g
-// (lanes xor 4, 8, 16) each keep half of them and fold in the partner's other half, so every lane ends with the
-// warp's minima (its 16 channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of
-// them three times. The 4 warps' minima meet in shared memory; each thread finishes every 128th pixel. The
-// consumer's 128 threads meet at their own named barrier. Two halves: reduce() reads the accumulators and leaves
-// the warp's minima in the step's buffer; write() (barrier, min over the warps, tanh, tanh, store) runs one step
-// later, while the next step's MMAs are in flight. Two reduction buffers, used in turn (one per step), so a buffer
-// is refilled only after the barrier of the other one, which every thread reaches after reading it. Buffer rows are
-// skewed per 32 pixels (kSkew) so that the minima's stores do not collide in a bank.
+// 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values. Two halves: reduce() reads
+// the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
+// barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
+// Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
+// every thread reaches after reading it.
+// - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
+//   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
+//   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
+//   4 warps' minima meet in the buffer, its rows skewed per 32 pixels (kSkew) so that the stores do not collide in a
+//   bank; the write takes the min over the 4 for each of its pixels.
+// - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word; no butterfly.
+//   Each warp stores them with stmatrix, transposed, so that a pixel's 8 lane groups are 16 contiguous bytes; the
+//   write takes the min over a pixel's 4 warps x 8 groups. Against the butterfly: 8 stores instead of 28 shuffles,
+//   56 selects, 28 packed mins and 4 stores a thread between the MMAs' wait and the next issue, and 8 16-byte loads
+//   and 31 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md, 25a).
 template <class Mainloop, bool kSave>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
   static constexpr int kTileCols = Geometry::kTileCols;
   static constexpr int kNBlocks = Mainloop::kNBlocks;
   static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
-  // 16-bit, not saving: the minima go through the butterfly packed two to a word, rounded to the element type
-  // (Precision::pack2 / min2): half the shuffles and mins, and half the buffer.
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  // 16-bit, not saving: minima rounded to the element type, two to a word (Precision::pack2 / min2), staged.
   static constexpr bool kPacked = !kSave && sizeof(Elem) == 2;
-  // Each 32 pixels of a buffer row start kSkew elements further on, so that one store of the minima touches each bank
-  // once: a warp's packed words, or a half-warp's float2s (its four lane groups 8 kFinal pixels apart: with 8 floats of
-  // skew per 32 pixels, kFinal = 8 put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel).
-  // The saving variants' 2-byte channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
-  static constexpr int kSkew = (kPacked || kFinal != 8) ? 8 : 4;
-  // Room for the larger skew of the two variants (one layout for both): 8 for 16-bit, kSkew for the others.
-  static constexpr int kRedPitch = kTileCols + kTileCols / 32 * (sizeof(Elem) == 2 ? 8 : kSkew);
+  // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
+  // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
+  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
+  // channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
+  static constexpr int kSkew = kFinal != 8 ? 8 : 4;
+  static constexpr int kRedPitch = kTileCols + kTileCols / 32 * kSkew;
   static constexpr int kBufferFloats = 4 * kRedPitch;
-  // Per consumer: two buffers of minima, then two of their channels within the warp (one byte each; used when
-  // saving, reserved always so that both variants of a kernel share one layout).
-  static constexpr int kSmemBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
+  // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
+  static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
+  // A staged buffer: 16 bytes a pixel and warp.
+  static constexpr int kStageBytes = kTileCols * 4 * 16;
+  // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
+  static constexpr int kSmemBytes =
+      sizeof(Elem) == 2 && 2 * kStageBytes > kButterflyBytes ? 2 * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
   unsigned char* const red_channel;
@@ -1378,15 +1397,6 @@ struct WgmmaEpilogue {
     }
   }
 
-  template <int kHalf>
-  __device__ static void fold_packed(uint32_t (&v)[kNBlocks], bool upper, int lane_mask) {
-#pragma unroll
-    for (int i = 0; i < kHalf; ++i) {
-      const uint32_t send = upper ? v[i] : v[i + kHalf], keep = upper ? v[i + kHalf] : v[i];
-      v[i] = Precision::min2(keep, __shfl_xor_sync(0xffffffffu, send, lane_mask));
-    }
-  }
-
   // What a reduced step keeps in registers until its write: nothing, its warps' minima wait in shared memory.
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, the butterfly, and the warp's
@@ -1396,16 +1406,18 @@ struct WgmmaEpilogue {
     const int g = lane >> 2, t = lane & 3;
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
     if constexpr (kPacked) {
-      uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1
+      uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1, lane group g
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j)
         v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
-      fold_packed<kNBlocks / 2>(v, g & 1, 4);
-      fold_packed<kNBlocks / 4>(v, (g >> 1) & 1, 8);
-      fold_packed<kNBlocks / 8>(v, (g >> 2) & 1, 16);
-      uint32_t* const row = reinterpret_cast<uint32_t*>(red + turn * kBufferFloats) + warp * kRedPitch / 2;
+      // Store s takes v[4s + q] as matrix q: its row i is pixel 8(4s + q) + i, the 8 lane groups' minima, stored at
+      // stage_offset(that pixel, warp); lane 8q + i gives that address, 2048 s bytes on from store 0's.
+      const int q = lane >> 3, i = lane & 7;
+      const uint32_t at = smem_u32(reinterpret_cast<unsigned char*>(red) + turn * kStageBytes) +
+                          stage_offset(8 * q + i, warp);
 #pragma unroll
-      for (int i = 0; i < kFinal / 2; ++i) row[skewed(8 * (first / 2 + i) + 2 * t) / 2] = v[i];
+      for (int s = 0; s < kNBlocks / 4; ++s)
+        stmatrix_x4_trans(at + s * 2048, v[4 * s], v[4 * s + 1], v[4 * s + 2], v[4 * s + 3]);
     } else {
       reduce_unpacked(acc, g, t, warp, first);
     }
@@ -1454,12 +1466,47 @@ struct WgmmaEpilogue {
   // faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the loop (docs/perf-notes.md,
   // 21b).
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
-  __device__ void write_pair(const float* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
+  // Where warp w's 16 bytes of pixel p sit in a staged buffer: pixel pair c = p / 2 owns the 128 bytes at 128 c, its
+  // pixel e = p % 2 the half e ^ bit 2 of c, and the warps' 16-byte chunks are rotated by c (w ^ c). Then a stmatrix
+  // row set (8 consecutive pixels of one warp) and the write's loads (a quarter-warp's 8 consecutive pairs, one
+  // chunk each) both hit 8 distinct 16-byte bank groups.
+  __host__ __device__ static constexpr int stage_offset(int p, int w) {
+    const int c = p >> 1, e = p & 1;
+    return 128 * c + 64 * (e ^ ((c >> 2) & 1)) + 16 * ((w ^ c) & 3);
+  }
+  __host__ __device__ static constexpr bool stores_2048_apart() {
+    for (int p = 0; p < 32; ++p)
+      for (int w = 0; w < 4; ++w)
+        if (stage_offset(p + 32, w) != stage_offset(p, w) + 2048) return false;
+    return true;
+  }
+  static_assert(kNBlocks % 4 == 0 && stores_2048_apart(), "a stmatrix store's rows 2048 bytes on from the last's");
+  __device__ void write_pair(const unsigned char* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
     const int p = 2 * ctid, col = col0 + p;
     if (col >= OW) return;
-    const uint32_t* const w = reinterpret_cast<const uint32_t*>(buffer) + skewed(p) / 2;
-    constexpr int kPitch = kRedPitch / 2;
-    const uint32_t m = Precision::min2(Precision::min2(w[0], w[kPitch]), Precision::min2(w[2 * kPitch], w[3 * kPitch]));
+    // The pair's 2 x 4 chunks: those of pixel e at its half, chunk k ^ (ctid & 3) in trip k (the rotation spreads
+    // a quarter-warp's loads over the banks; the min does not care about the order).
+    uint32_t half_min[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const unsigned char* const half = buffer + 128 * ctid + 64 * (e ^ ((ctid >> 2) & 1));
+      uint4 x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(half + 16 * (k ^ (ctid & 3)));
+#pragma unroll
+      for (int k = 0; k < 4; k += 2) {
+        x[k].x = Precision::min2(x[k].x, x[k + 1].x);
+        x[k].y = Precision::min2(x[k].y, x[k + 1].y);
+        x[k].z = Precision::min2(x[k].z, x[k + 1].z);
+        x[k].w = Precision::min2(x[k].w, x[k + 1].w);
+      }
+      // word i: the minima of lane groups 2i (low half) and 2i + 1 over the 4 warps
+      half_min[e] = Precision::min2(Precision::min2(Precision::min2(x[0].x, x[2].x), Precision::min2(x[0].y, x[2].y)),
+                                    Precision::min2(Precision::min2(x[0].z, x[2].z), Precision::min2(x[0].w, x[2].w)));
+    }
+    // (pixel 0's even groups, pixel 1's even groups) against (their odd groups)
+    const uint32_t m = Precision::min2(__byte_perm(half_min[0], half_min[1], 0x5410),
+                                       __byte_perm(half_min[0], half_min[1], 0x7632));
     Elem e[2];
     memcpy(e, &m, sizeof(m));
     const float o0 = tanh2<Precision::kTanhApprox>(convert<float>(e[0])),
@@ -1477,10 +1524,11 @@ struct WgmmaEpilogue {
   __device__ void write(const Partial&, const RowOut<typename Geometry::Elem>& dst, int col0, int OW) {
     float* const buffer = red + turn * kBufferFloats;
     const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
+    const unsigned char* const staged = reinterpret_cast<const unsigned char*>(red) + turn * kStageBytes;
     turn ^= 1;
     named_barrier<Geometry::kWarpgroup>(barrier_id);
     if constexpr (kPacked) {
-      write_pair(buffer, dst, col0, OW);
+      write_pair(staged, dst, col0, OW);
     } else {
       // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
 #pragma unroll(kSave ? 1 : kTileCols / Geometry::kWarpgroup)

@@ -282,11 +282,19 @@ MUTANTS = {
         "",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
-    # wgmma 16-bit, the paired write: the min over warps 0-2 only (channels 48-63 never win)
-    "pair_write_skips_a_warp": (
-        "Precision::min2(w[2 * kPitch], w[3 * kPitch])",
-        "w[2 * kPitch]",
+    # wgmma 16-bit, the paired write: the last word of the second and fourth chunks dropped (lane groups 6 and 7 of
+    # two of the four warps: 8 of the 64 channels never win)
+    "pair_write_skips_lane_groups": (
+        "        x[k].w = Precision::min2(x[k].w, x[k + 1].w);\n",
+        "",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_other_precisions_full_size", shape="bf16")],
+    ),
+    # wgmma 16-bit, the staged minima: the write reads a pair's halves without the swizzle the stores used, so pairs
+    # 4-7 of every 8 have their two pixels swapped
+    "staged_half_unswizzled": (
+        "buffer + 128 * ctid + 64 * (e ^ ((ctid >> 2) & 1))",
+        "buffer + 128 * ctid + 64 * e",
+        [node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67"), node("test_other_precisions_full_size", shape="fp16")],
     ),
     # wgmma TF32: the bias k-step without the TF32 bias's second and third parts: the bias truncated to TF32
     "wgmma_tf32_bias_truncated": (

@@ -1399,8 +1399,9 @@ struct WgmmaEpilogue {
 
   // What a reduced step keeps in registers until its write: nothing, its warps' minima wait in shared memory.
   struct Partial {};
-  // The part that reads the accumulators: the min over the thread's two channels, the butterfly, and the warp's
-  // minima (and their channels within the warp, kSave) into this step's buffer.
+  // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
+  // minima staged as they are, or the butterfly and the warp's minima (and their channels within the warp, kSave),
+  // into this step's buffer.
   __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;

@@ -105,7 +105,7 @@ MUTANTS = {
         [node("test_edge_shapes", "kernel-sm90_bf16", shape="2x16x67x67"),
          node("test_edge_shapes", "kernel-sm90_fp16", shape="2x16x67x67")],
     ),
-    # the packed butterfly's min drops NaN (min instead of min.NaN)
+    # the 16-bit packed min (the write's, over the staged minima) drops NaN (min instead of min.NaN)
     "packed_min_drops_nan": (
         'asm("min.NaN." PTX "x2 %0, %1, %2;\\n"',
         'asm("min." PTX "x2 %0, %1, %2;\\n"',
@@ -195,7 +195,7 @@ MUTANTS = {
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19"),
          node("test_edge_shapes", "kernel-sm80_tf32", "64x16x20x19")],
     ),
-    # the epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
+    # the fp32 epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
     "epilogue_skips_a_fold": (
         "fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);",
         "",

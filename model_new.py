@@ -1397,7 +1397,7 @@ struct WgmmaEpilogue {
     }
   }
 
-  // What a reduced step keeps in registers until its write: nothing, its warps' minima wait in shared memory.
+  // What a reduced step keeps in registers until its write: nothing, its partial minima wait in shared memory.
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
   // minima staged as they are, or the butterfly and the warp's minima (and their channels within the warp, kSave),
@@ -1461,11 +1461,11 @@ struct WgmmaEpilogue {
       }
     }
   }
-  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), adjacent in each warp's row (skewed() keeps
-  // each 32 pixels together): one word load per warp, the packed min over the 4 words, and one word store of the pair
-  // where the output row allows. Against one pixel a trip (loads of single elements, fp32 mins): bf16 and fp16 3-4%
-  // faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the loop (docs/perf-notes.md,
-  // 21b).
+  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup): the pair's 8 staged chunks (2 pixels x 4
+  // warps, 16-byte loads), 30 packed mins down to a word a pixel, the 31st across those words' halves, and one word
+  // store of the pair where the output row allows. A pixel pair a thread came with v21's write (against one pixel a
+  // trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the
+  // loop: docs/perf-notes.md, 21b); its loads are the staged chunks since v25.
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   // Where warp w's 16 bytes of pixel p sit in a staged buffer: pixel pair c = p / 2 owns the 128 bytes at 128 c, its
   // pixel e = p % 2 the half e ^ bit 2 of c, and the warps' 16-byte chunks are rotated by c (w ^ c). Then a stmatrix

@@ -30,6 +30,8 @@ directly: the same C++ function, without the dispatcher's Python layers (a few m
 """
 import collections
 import inspect
+import os
+import re
 import sys
 import types
 
@@ -3084,11 +3086,27 @@ def _arch_flags():
     return flags, defines
 
 
+def _torch_headers_std():
+    """The C++ standard the installed torch's headers need: the oldest one ATen.h accepts (it refuses older ones with
+    an #error: C++17 up to torch 2.13, C++20 from 2.14), or None where ATen.h does not say."""
+    from torch.utils.cpp_extension import include_paths
+
+    aten = os.path.join(include_paths()[0], "ATen", "ATen.h")
+    if not os.path.isfile(aten):
+        return None
+    with open(aten) as f:
+        found = re.search(r"__cplusplus < (\d+)L", f.read())
+    return {"201703": "c++17", "202002": "c++20"}.get(found.group(1)) if found else None
+
+
 def _cuda_cflags(arch_flags):
-    """nvcc flags of the build beyond torch's own. No -std: where none is given, torch's extension build adds the C++
-    standard of its release, the one its headers need (C++20 in torch 2.13 and 2.14; 2.14's headers refuse C++17),
-    and the source builds under C++17 and C++20 alike (test_cuda_source_compiles_for_every_arch_without_spills)."""
-    return ["-O3", *arch_flags]
+    """nvcc flags of the build beyond torch's own, the C++ standard among them: the one the installed torch's headers
+    need, so that the CUDA source builds with those headers in front of it (load_inline without no_implicit_headers)
+    from these flags alone, not only where torch's build adds a standard of its own (which it does only when none is
+    given; nvcc's default, C++17, is refused by torch 2.14's headers). The source builds under C++17 and C++20 alike
+    (test_cuda_source_compiles_for_every_arch_without_spills). Where ATen.h does not say, torch's build chooses."""
+    std = _torch_headers_std()
+    return ["-O3", *([f"-std={std}"] if std else []), *arch_flags]
 
 
 def _build_extension():

@@ -380,6 +380,7 @@ def test_exact_fp32_misses_the_tf32_reference(seed):
 
 
 def _nvcc(std="c++17"):
+    """nvcc with torch's flags, under C++ standard `std` (None: no -std, nvcc's default unless more flags give one)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
@@ -387,7 +388,8 @@ def _nvcc(std="c++17"):
 
     # Without --expt-relaxed-constexpr, which torch adds: the source is meant to build with plain nvcc too
     # (cuda_source()), and with it a host-only constexpr function called from device code would go unnoticed.
-    return [nvcc, f"-std={std}", "-O3", *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
+    return [nvcc, *([f"-std={std}"] if std else []), "-O3",
+            *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
 
 
 def _ptxas_report(tmp_path, arch="90a", std="c++17"):
@@ -443,8 +445,8 @@ def fused_smem_bytes(tmp_path_factory):
     return dict(zip(model_new.FUSED_KERNELS, map(int, out)))
 
 
-# The C++ standards torch's extension build compiles the source under: model_new passes none, so torch adds its own
-# (C++20 in torch 2.13 and 2.14, whose headers refuse C++17); C++17 is nvcc's default and that of older releases.
+# The C++ standards the source is built under: model_new passes the one the installed torch's headers need (C++17
+# up to torch 2.13, C++20 from 2.14, whose headers refuse C++17); where they do not say, torch's build adds its own.
 CXX_STANDARDS = ["c++17", "c++20"]
 
 
@@ -492,33 +494,42 @@ def test_rate_tools_compile_without_spills(tmp_path, tool):
     assert spills and all(n == "0" for n in spills), proc.stderr[-4000:]
 
 
-def _torch_headers_std():
-    """The oldest C++ standard the installed torch's headers accept (ATen.h refuses older ones with an #error)."""
-    from torch.utils.cpp_extension import include_paths
+@pytest.mark.parametrize("aten_h, std", [
+    ("#if !defined(_MSC_VER) && __cplusplus < 201703L\n#error C++17 or later compatible compiler is required\n", "c++17"),
+    ("#if !defined(_MSC_VER) && __cplusplus < 202002L\n#error C++20 or later compatible compiler is required\n", "c++20"),
+    ("#pragma once\n", None),  # no check: torch's build chooses
+    (None, None),  # no ATen.h at all
+])
+def test_build_takes_the_standard_of_torchs_headers(tmp_path, monkeypatch, aten_h, std):
+    """model_new's nvcc flags carry the C++ standard the installed torch's headers need (torch 2.14's refuse nvcc's
+    default C++17), read from ATen.h; none where ATen.h does not say, so that torch's build adds its own."""
+    import torch.utils.cpp_extension as cpp_extension
 
-    with open(os.path.join(include_paths()[0], "ATen", "ATen.h")) as f:
-        found = re.search(r"__cplusplus < (\d+)L", f.read())
-    standards = {"201703": "c++17", "202002": "c++20"}
-    assert found and found.group(1) in standards, f"ATen.h: expected __cplusplus < 201703L or 202002L, got {found}"
-    return standards[found.group(1)]
+    if aten_h is not None:
+        (tmp_path / "ATen").mkdir()
+        (tmp_path / "ATen" / "ATen.h").write_text(aten_h)
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *args, **kwargs: [str(tmp_path)])
+    assert model_new._cuda_cflags(["-gencode=arch=compute_86,code=sm_86"]) == \
+        ["-O3", *([f"-std={std}"] if std else []), "-gencode=arch=compute_86,code=sm_86"]
 
 
 @pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
 def test_cuda_source_compiles_after_torchs_headers(tmp_path, arch):
     """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):
-    torch's headers first, then the CUDA source, under torch's flags and a standard its headers accept (model_new
-    passes no -std of its own, so torch's build picks one; C++20 from torch 2.14). cuda_fp16.h and cuda_bf16.h are
+    torch's headers first, then the CUDA source, under torch's flags and model_new's own, whose standard must be one
+    the headers accept (C++20 from torch 2.14; nvcc's default C++17 fails there). cuda_fp16.h and cuda_bf16.h are
     then included under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no conversion operators, so the source converts
     between element types by intrinsics (with the operators it failed to build there, on every arch)."""
     from torch.utils.cpp_extension import include_paths
 
-    assert not [f for f in model_new._cuda_cflags([]) if f.startswith("-std")], "torch's build chooses the standard"
+    std = model_new._torch_headers_std()
+    assert std is not None, "model_new reads no C++ standard from the installed torch's ATen.h"
     src = tmp_path / "cuda.cu"
     src.write_text("\n".join(["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>",
                               model_new.cuda_source()]))
-    cmd = [*_nvcc(_torch_headers_std()), *(f"-I{p}" for p in include_paths()), "-c",
-           f"-gencode=arch=compute_{arch},code=sm_{arch}", str(src),
-           "-o", str(tmp_path / "cuda.o")]
+    flags = model_new._cuda_cflags([f"-gencode=arch=compute_{arch},code=sm_{arch}"])
+    assert f"-std={std}" in flags, flags
+    cmd = [*_nvcc(None), *(f"-I{p}" for p in include_paths()), *flags, "-c", str(src), "-o", str(tmp_path / "cuda.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -1323,11 +1323,13 @@ struct MmaSyncMainloop {
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
 //   4 warps' minima meet in the buffer, its rows skewed per 32 pixels (kSkew) so that the stores do not collide in a
 //   bank; the write takes the min over the 4 for each of its pixels.
-// - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word; no butterfly.
-//   Each warp stores them with stmatrix, transposed, so that a pixel's 8 lane groups are 16 contiguous bytes; the
-//   write takes the min over a pixel's 4 warps x 8 groups. Against the butterfly: 8 stores instead of 28 shuffles,
-//   56 selects, 28 packed mins and 4 stores a thread between the MMAs' wait and the next issue, and 8 16-byte loads
-//   and 31 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md, 25a).
+// - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word, then one
+//   butterfly step (lanes xor 4: lane groups g and g ^ 1, each keeping half of the blocks). Each warp stores them with
+//   stmatrix, transposed, so that a 16-byte row holds the 4 group pairs' minima of two pixels kTileCols / 2 apart;
+//   the write takes the min over those 4 warps x 4 words, both pixels at once. Against the full butterfly: 16
+//   shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the MMAs' wait and the next
+//   issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md,
+//   25a: staged with no butterfly step, 8 stores and 8 loads; 25c: the one step, half the staged bytes).
 template <class Mainloop, bool kSave>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -1347,8 +1349,8 @@ struct WgmmaEpilogue {
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
-  // A staged buffer: 16 bytes a pixel and warp.
-  static constexpr int kStageBytes = kTileCols * 4 * 16;
+  // A staged buffer: 16 bytes a pixel pair (p, p + kTileCols / 2) and warp.
+  static constexpr int kStageBytes = kTileCols / 2 * 4 * 16;
   // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
   static constexpr int kSmemBytes =
       sizeof(Elem) == 2 && 2 * kStageBytes > kButterflyBytes ? 2 * kStageBytes : kButterflyBytes;
@@ -1413,14 +1415,25 @@ struct WgmmaEpilogue {
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j)
         v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
-      // Store s takes v[4s + q] as matrix q: its row i is pixel 8(4s + q) + i, the 8 lane groups' minima, stored at
-      // stage_offset(that pixel, warp); lane 8q + i gives that address, 2048 s bytes on from store 0's.
+      // One fold over lane groups g and g ^ 1 (lane xor 4): odd g keeps the upper half of the blocks, even g the
+      // lower; u[k] is block kHalf (g & 1) + k's minima over the two groups.
+      constexpr int kHalf = kNBlocks / 2;
+      const bool upper = g & 1;
+      uint32_t u[kHalf];
+#pragma unroll
+      for (int k = 0; k < kHalf; ++k) {
+        const uint32_t send = upper ? v[k] : v[k + kHalf], keep = upper ? v[k + kHalf] : v[k];
+        u[k] = Precision::min2(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+      }
+      // Store s takes u[4s + q] as matrix q: its row i holds, for pair p = 8(4s + q) + i, the even lane groups'
+      // minima of pixel p and the odd ones' of pixel p + kHalf * 8 (word m: groups 2m, 2m + 1 of both), stored at
+      // stage_offset(p, warp); lane 8q + i gives that address, 2048 s bytes on from store 0's.
       const int q = lane >> 3, i = lane & 7;
       const uint32_t at = smem_u32(reinterpret_cast<unsigned char*>(red) + turn * kStageBytes) +
                           stage_offset(8 * q + i, warp);
 #pragma unroll
-      for (int s = 0; s < kNBlocks / 4; ++s)
-        stmatrix_x4_trans(at + s * 2048, v[4 * s], v[4 * s + 1], v[4 * s + 2], v[4 * s + 3]);
+      for (int s = 0; s < kHalf / 4; ++s)
+        stmatrix_x4_trans(at + s * 2048, u[4 * s], u[4 * s + 1], u[4 * s + 2], u[4 * s + 3]);
     } else {
       reduce_unpacked(acc, g, t, warp, first);
     }
@@ -1463,64 +1476,46 @@ struct WgmmaEpilogue {
       }
     }
   }
-  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup): the pair's 8 staged chunks (2 pixels x 4
-  // warps, 16-byte loads), 30 packed mins down to a word a pixel, the 31st across those words' halves, and one word
-  // store of the pair where the output row allows. A pixel pair a thread came with v21's write (against one pixel a
-  // trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps the
-  // loop: docs/perf-notes.md, 21b); its loads are the staged chunks since v25.
+  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
+  // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
+  // kWarpgroup in the high), and a store of each pixel. (A pixel pair a thread came with v21's write, against one
+  // pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps
+  // the loop: docs/perf-notes.md, 21b; its loads are the staged chunks since v25.)
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
-  // Where warp w's 16 bytes of pixel p sit in a staged buffer: pixel pair c = p / 2 owns the 128 bytes at 128 c, its
-  // pixel e = p % 2 the half e ^ bit 2 of c, and the warps' 16-byte chunks are rotated by c (w ^ c). Then a stmatrix
-  // row set (8 consecutive pixels of one warp) and the write's loads (a quarter-warp's 8 consecutive pairs, one
-  // chunk each) both hit 8 distinct 16-byte bank groups.
-  __host__ __device__ static constexpr int stage_offset(int p, int w) {
-    const int c = p >> 1, e = p & 1;
-    return 128 * c + 64 * (e ^ ((c >> 2) & 1)) + 16 * ((w ^ c) & 3);
-  }
+  // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
+  // chunks in it rotated by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
+  // distinct 16-byte bank groups, and so do a quarter-warp's loads in the write (8 consecutive pairs, chunk k ^ (p
+  // >> 1) of each in trip k).
+  __host__ __device__ static constexpr int stage_offset(int p, int w) { return 64 * p + 16 * ((w ^ (p >> 1)) & 3); }
   __host__ __device__ static constexpr bool stores_2048_apart() {
     for (int p = 0; p < 32; ++p)
       for (int w = 0; w < 4; ++w)
         if (stage_offset(p + 32, w) != stage_offset(p, w) + 2048) return false;
     return true;
   }
-  static_assert(kNBlocks % 4 == 0 && stores_2048_apart(), "a stmatrix store's rows 2048 bytes on from the last's");
+  static_assert(kNBlocks % 8 == 0 && stores_2048_apart(), "a stmatrix store's rows 2048 bytes on from the last's");
   __device__ void write_pair(const unsigned char* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
-    const int p = 2 * ctid, col = col0 + p;
+    const int col = col0 + ctid;
     if (col >= OW) return;
-    // The pair's 2 x 4 chunks: those of pixel e at its half, chunk k ^ (ctid & 3) in trip k (the rotation spreads
-    // a quarter-warp's loads over the banks; the min does not care about the order).
-    uint32_t half_min[2];
+    // The pair's 4 chunks, chunk k ^ (ctid >> 1) in trip k (which warp is which does not matter to the min).
+    const unsigned char* const pair = buffer + 64 * ctid;
+    uint4 x[4];
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const unsigned char* const half = buffer + 128 * ctid + 64 * (e ^ ((ctid >> 2) & 1));
-      uint4 x[4];
+    for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(pair + 16 * ((k ^ (ctid >> 1)) & 3));
 #pragma unroll
-      for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(half + 16 * (k ^ (ctid & 3)));
-#pragma unroll
-      for (int k = 0; k < 4; k += 2) {
-        x[k].x = Precision::min2(x[k].x, x[k + 1].x);
-        x[k].y = Precision::min2(x[k].y, x[k + 1].y);
-        x[k].z = Precision::min2(x[k].z, x[k + 1].z);
-        x[k].w = Precision::min2(x[k].w, x[k + 1].w);
-      }
-      // word i: the minima of lane groups 2i (low half) and 2i + 1 over the 4 warps
-      half_min[e] = Precision::min2(Precision::min2(Precision::min2(x[0].x, x[2].x), Precision::min2(x[0].y, x[2].y)),
-                                    Precision::min2(Precision::min2(x[0].z, x[2].z), Precision::min2(x[0].w, x[2].w)));
+    for (int k = 0; k < 4; k += 2) {
+      x[k].x = Precision::min2(x[k].x, x[k + 1].x);
+      x[k].y = Precision::min2(x[k].y, x[k + 1].y);
+      x[k].z = Precision::min2(x[k].z, x[k + 1].z);
+      x[k].w = Precision::min2(x[k].w, x[k + 1].w);
     }
-    // (pixel 0's even groups, pixel 1's even groups) against (their odd groups)
-    const uint32_t m = Precision::min2(__byte_perm(half_min[0], half_min[1], 0x5410),
-                                       __byte_perm(half_min[0], half_min[1], 0x7632));
+    const uint32_t m = Precision::min2(Precision::min2(Precision::min2(x[0].x, x[2].x), Precision::min2(x[0].y, x[2].y)),
+                                       Precision::min2(Precision::min2(x[0].z, x[2].z), Precision::min2(x[0].w, x[2].w)));
     Elem e[2];
     memcpy(e, &m, sizeof(m));
-    const float o0 = tanh2<Precision::kTanhApprox>(convert<float>(e[0])),
-                o1 = tanh2<Precision::kTanhApprox>(convert<float>(e[1]));
-    Elem* const to = dst.out + col;
-    if (col + 1 < OW && (reinterpret_cast<uintptr_t>(to) & (2 * sizeof(Elem) - 1)) == 0) {
-      *reinterpret_cast<uint32_t*>(to) = Precision::pack2(o0, o1);
-    } else {
-      to[0] = convert<Elem>(o0);
-      if (col + 1 < OW) to[1] = convert<Elem>(o1);
-    }
+    dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[0])));
+    if (col + Geometry::kWarpgroup < OW)
+      dst.out[col + Geometry::kWarpgroup] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[1])));
   }
   // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
   // min over them (warp w holds channels 16w..16w+15), tanh, tanh and the store.

@@ -276,24 +276,24 @@ MUTANTS = {
         "            } else {\n              v = bias;",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
-    # wgmma 16-bit, the paired write: a pair that cannot be stored as one word loses its second pixel
+    # wgmma 16-bit, the paired write: the pair's second pixel (kWarpgroup columns on) is never stored
     "pair_write_drops_second_pixel": (
-        "      if (col + 1 < OW) to[1] = convert<Elem>(o1);\n",
-        "",
-        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
+        "    if (col + Geometry::kWarpgroup < OW)\n",
+        "    if (col + Geometry::kWarpgroup < 0)\n",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x255x255"), node("test_edge_shapes", "kernel-sm90_fp16", "3x16x40x600")],
     ),
     # wgmma 16-bit, the paired write: the last word of the second and fourth chunks dropped (lane groups 6 and 7 of
     # two of the four warps: 8 of the 64 channels never win)
     "pair_write_skips_lane_groups": (
-        "        x[k].w = Precision::min2(x[k].w, x[k + 1].w);\n",
+        "      x[k].w = Precision::min2(x[k].w, x[k + 1].w);\n",
         "",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_other_precisions_full_size", shape="bf16")],
     ),
-    # wgmma 16-bit, the staged minima: the write reads a pair's halves without the swizzle the stores used, so pairs
-    # 4-7 of every 8 have their two pixels swapped
-    "staged_half_unswizzled": (
-        "buffer + 128 * ctid + 64 * (e ^ ((ctid >> 2) & 1))",
-        "buffer + 128 * ctid + 64 * e",
+    # wgmma 16-bit, the lane fold before staging: even lane groups keep the upper half of the blocks, so the staged
+    # words carry each pixel's minima in the other pixel's half (pixels p and p + 128 swapped)
+    "fold_halves_swapped": (
+        "      const bool upper = g & 1;\n",
+        "      const bool upper = !(g & 1);\n",
         [node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67"), node("test_other_precisions_full_size", shape="fp16")],
     ),
     # wgmma TF32: the bias k-step without the TF32 bias's second and third parts: the bias truncated to TF32

@@ -4,7 +4,9 @@
 // (the reduce), independent ALU instructions between the issue and the wait (the write), and a warpgroup that only
 // issues ALU, shuffle or shared-memory instructions beside two MMA warpgroups. A step is 10 wgmma (9 k-steps and the
 // bias step of the 16-bit kernels), their operands from shared memory without swizzle, as the fused kernel's. One CTA
-// per SM.
+// per SM. The last rows read B as the fused kernel does (kTaps): core matrices along K one slot group (4288 bytes)
+// apart and each tap's start shifted by 16 bytes a column (kw = k-step % 3), so that two of three start off a
+// 128-byte line.
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
 #include <cstdint>
@@ -45,6 +47,8 @@ __device__ __forceinline__ float nan_min(float a, float b) {
 }
 
 enum Noise { kNone, kAlu, kShfl, kShared };
+// B as a dense tile (kDense), or as the fused kernel's slot: K stride 4288 bytes, start + 16 kw bytes (kTaps).
+enum BLayout { kDense, kTaps };
 constexpr int kKSteps = 10, kTiles = 3;  // k-steps a step; distinct operand tiles, used in turn
 constexpr int kATileBytes = 64 * 16 * 2;
 
@@ -52,10 +56,13 @@ constexpr int kATileBytes = 64 * 16 * 2;
 // instructions (after a barrier of the warpgroup and a shared load, as the kernel's write), wait, kReduce min
 // instructions over the accumulators. With kNoise, one more warpgroup issues that kind
 // of instruction until the MMA warpgroups are done.
-template <int N, int kGroups, int kReduce, int kWindow, Noise kNoise>
+template <int N, BLayout kB>
+__host__ __device__ constexpr int b_tile_bytes() { return kB == kDense ? N * 16 * 2 : (4288 + N * 16 + 32 + 127) / 128 * 128; }
+
+template <int N, int kGroups, int kReduce, int kWindow, Noise kNoise, BLayout kB = kDense>
 __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(float* out, long long* cycles, int steps) {
   extern __shared__ __align__(128) unsigned char sm[];
-  constexpr int kBTileBytes = N * 16 * 2;
+  constexpr int kBTileBytes = b_tile_bytes<N, kB>();
   volatile int* const done = reinterpret_cast<volatile int*>(sm + kTiles * (kATileBytes + kGroups * kBTileBytes));
   float* const scratch = const_cast<float*>(reinterpret_cast<volatile float*>(done + 32));
   const int tiles_bytes = kTiles * (kATileBytes + kGroups * kBTileBytes);
@@ -84,7 +91,8 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
       for (int k = 0; k < kKSteps; ++k) {
         // A: 64 x 16, K-major: core matrices 128 bytes apart along M, 1024 along K. B: N x 16, 16 N bytes along K.
         const uint64_t a = desc(a0 + (k % kTiles) * kATileBytes, 1024, 128);
-        const uint64_t b = desc(b0 + (k % kTiles) * kBTileBytes, 16 * N, 128);
+        const uint64_t b = kB == kDense ? desc(b0 + (k % kTiles) * kBTileBytes, 16 * N, 128)
+                                        : desc(b0 + (k % kTiles) * kBTileBytes + 16 * (k % 3), 4288, 128);
         wgmma<true>(acc, a, b, Shape<N>{});
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -134,11 +142,11 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
   }
 }
 
-template <int N, int kGroups, int kReduce, int kWindow, Noise kNoise>
+template <int N, int kGroups, int kReduce, int kWindow, Noise kNoise, BLayout kB = kDense>
 void run(const char* what, int sms, float* out, long long* cycles) {
-  constexpr int kBTileBytes = N * 16 * 2;
+  constexpr int kBTileBytes = b_tile_bytes<N, kB>();
   const int smem = kTiles * (kATileBytes + kGroups * kBTileBytes) + 128 + 4096 * 4;
-  auto kernel = rate<N, kGroups, kReduce, kWindow, kNoise>;
+  auto kernel = rate<N, kGroups, kReduce, kWindow, kNoise, kB>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const int threads = (kGroups + (kNoise != kNone)) * 128, steps = 4000;
   kernel<<<sms, threads, smem>>>(out, cycles, 100);  // warm-up
@@ -198,5 +206,9 @@ int main() {
   run<256, 2, 0, 0, kShared>("two chains + a shared-memory warpgroup", sms, out, cycles);
   // Three chains of N = 128 with the reduce: one reducing while two multiply?
   run<128, 3, 80, 0, kNone>("three chains, mins after the wait", sms, out, cycles);
+  // B read as the fused kernel reads its slots: does a start off the 128-byte line cost the tensor cores?
+  run<256, 1, 0, 0, kNone, kTaps>("one chain, B as the kernel's taps", sms, out, cycles);
+  run<256, 2, 0, 0, kNone, kTaps>("two chains, B as the kernel's taps", sms, out, cycles);
+  run<256, 2, 64, 0, kNone, kTaps>("two chains, B as the kernel's taps, mins", sms, out, cycles);
   return 0;
 }

@@ -1329,7 +1329,7 @@ struct MmaSyncMainloop {
 //   the write takes the min over those 4 warps x 4 words, both pixels at once. Against the full butterfly: 16
 //   shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the MMAs' wait and the next
 //   issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md,
-//   25a: staged with no butterfly step, 8 stores and 8 loads; 25c: the one step, half the staged bytes).
+//   25a: staged with no butterfly step, 8 stores and 8 loads; 26a: the one step, half the staged bytes).
 template <class Mainloop, bool kSave>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -1404,8 +1404,8 @@ struct WgmmaEpilogue {
   // What a reduced step keeps in registers until its write: nothing, its partial minima wait in shared memory.
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
-  // minima staged as they are, or the butterfly and the warp's minima (and their channels within the warp, kSave),
-  // into this step's buffer.
+  // minima packed, folded once across lane pairs and staged, or the butterfly and the warp's minima (and their
+  // channels within the warp, kSave), into this step's buffer.
   __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;

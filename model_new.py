@@ -1478,12 +1478,13 @@ struct WgmmaEpilogue {
   }
   // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
   // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
-  // kWarpgroup in the high), and a store of each pixel. (A pixel pair a thread came with v21's write, against one
-  // pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so it keeps
-  // the loop: docs/perf-notes.md, 21b; its loads are the staged chunks since v25.)
+  // kWarpgroup in the high), and a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
+  // stored as one word, against one pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and
+  // stores was 1.5% slower, so it keeps the loop: docs/perf-notes.md, 21b. Its loads are the staged chunks since v25,
+  // its pixels kWarpgroup apart since v26.)
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
-  // chunks in it rotated by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
+  // chunks in it permuted by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
   // distinct 16-byte bank groups, and so do a quarter-warp's loads in the write (8 consecutive pairs, chunk k ^ (p
   // >> 1) of each in trip k).
   __host__ __device__ static constexpr int stage_offset(int p, int w) { return 64 * p + 16 * ((w ^ (p >> 1)) & 3); }

@@ -96,16 +96,16 @@ MUTANTS = {
          node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="input")],
     ),
-    # pack2 takes its halves the wrong way round: the 16-bit wgmma reduce packs each pixel pair swapped. Where the
-    # paired write stores the pair as a word (through pack2 again) the two swaps cancel (the full problem's rows are
-    # all 4-byte aligned); an odd output width has misaligned rows, written element by element: pixels exchanged
+    # pack2 takes its halves the wrong way round: the 16-bit wgmma reduce packs each pixel pair (2i, 2i + 1) swapped,
+    # and the write, which stores its pixels one at a time (since v26), puts each one's result in the other's place
     "packed_min_pairs_swapped": (
         'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(hi), "f"(lo));',
         'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(lo), "f"(hi));',
         [node("test_edge_shapes", "kernel-sm90_bf16", shape="2x16x67x67"),
          node("test_edge_shapes", "kernel-sm90_fp16", shape="2x16x67x67")],
     ),
-    # the 16-bit packed min (the write's, over the staged minima) drops NaN (min instead of min.NaN)
+    # the 16-bit packed min (the reduce's lane fold and the write's, over the staged minima) drops NaN (min instead of
+    # min.NaN)
     "packed_min_drops_nan": (
         'asm("min.NaN." PTX "x2 %0, %1, %2;\\n"',
         'asm("min." PTX "x2 %0, %1, %2;\\n"',

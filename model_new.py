@@ -30,8 +30,6 @@ directly: the same C++ function, without the dispatcher's Python layers (a few m
 """
 import collections
 import inspect
-import os
-import re
 import sys
 import types
 
@@ -3082,27 +3080,20 @@ def _arch_flags():
     return flags, defines
 
 
-def _torch_headers_std():
-    """The C++ standard the installed torch's headers need: the oldest one ATen.h accepts (it refuses older ones with
-    an #error: C++17 up to torch 2.13, C++20 from 2.14), or None where ATen.h does not say."""
-    from torch.utils.cpp_extension import include_paths
-
-    aten = os.path.join(include_paths()[0], "ATen", "ATen.h")
-    if not os.path.isfile(aten):
-        return None
-    with open(aten) as f:
-        found = re.search(r"__cplusplus < (\d+)L", f.read())
-    return {"201703": "c++17", "202002": "c++20"}.get(found.group(1)) if found else None
+def _cuda_std():
+    """The C++ standard of the CUDA build: C++20, which every torch's headers accept and torch 2.14's require (they
+    refuse nvcc's default, C++17, with an #error), unless torch was built with a CUDA before 12, whose nvcc has no
+    C++20 (the torch releases of that era need only C++17). The source builds under both
+    (test_cuda_source_compiles_for_every_arch_without_spills). It does not depend on which torch's headers happen to
+    be installed: the flags stay right where a build puts other headers in front of the source."""
+    cuda = torch.version.cuda
+    return "c++17" if cuda and int(cuda.split(".")[0]) < 12 else "c++20"
 
 
 def _cuda_cflags(arch_flags):
-    """nvcc flags of the build beyond torch's own, the C++ standard among them: the one the installed torch's headers
-    need, so that the CUDA source builds with those headers in front of it (load_inline without no_implicit_headers)
-    from these flags alone, not only where torch's build adds a standard of its own (which it does only when none is
-    given; nvcc's default, C++17, is refused by torch 2.14's headers). The source builds under C++17 and C++20 alike
-    (test_cuda_source_compiles_for_every_arch_without_spills). Where ATen.h does not say, torch's build chooses."""
-    std = _torch_headers_std()
-    return ["-O3", *([f"-std={std}"] if std else []), *arch_flags]
+    """nvcc flags of the build beyond torch's own, the C++ standard (_cuda_std) among them, so that the source builds
+    from these flags alone: torch's build adds a standard only where none is given, and nvcc's default is C++17."""
+    return ["-O3", f"-std={_cuda_std()}", *arch_flags]
 
 
 def _build_extension():

@@ -1023,10 +1023,15 @@ struct WgmmaMainloop {
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
 
-  // Its MMAs read the window until finish(): the oldest row is released there.
+  // Its MMAs read the window until finish(): the oldest row is released there. kWaitsForNewest: the window's newest
+  // row is waited for (wait_newest) only before its first k-step, so that the MMAs over the two older rows, which
+  // earlier steps waited for, are issued first and run while the consumer waits (TF32 -1%, 16-bit -0.5%; 3xTF32 +9%
+  // in one round, so it waits for the whole window first: docs/perf-notes.md, 27a).
   static constexpr bool kReleasesOldestEarly = false;
-  template <class Release>
-  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&) {
+  static constexpr bool kWaitsForNewest = !kSplit;
+  template <class Release, class WaitNewest>
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&,
+                        const WaitNewest& wait_newest) {
     uint64_t desc[3];
 #pragma unroll
     for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], Geometry::kGroupBytes, 128);
@@ -1044,6 +1049,10 @@ struct WgmmaMainloop {
 #pragma unroll
     for (int ks = 0; ks < Geometry::kKSteps; ++ks) {
       const int tap = ks / Geometry::kKStepsPerTap, kb = ks % Geometry::kKStepsPerTap;
+      if (kWaitsForNewest && ks == 6 * Geometry::kKStepsPerTap) {  // taps 6-8 read the newest row
+        wait_newest();
+        wgmma_fence();
+      }
       // B for k-step (kh, kw, kb): groups 2kb, 2kb+1 of row oy + kh (K-direction core matrices kGroupBytes apart),
       // starting kw columns in (N-direction core matrices 128 bytes apart).
       const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (tap % 3) * 16) >> 4);
@@ -1165,8 +1174,11 @@ struct MmaSyncMainloop {
   // pixels, columns channels). The bias enters as the C operand of each accumulator's first MMA (3xTF32's small
   // products start from zero the same way): no instructions to set the accumulators. release_oldest() runs once the
   // first kernel row's k-steps have loaded their A.
-  template <class Release>
-  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW, const Release& release_oldest) {
+  // The whole window is there before start() (kWaitsForNewest false): its first k-step reads row 0 at once.
+  static constexpr bool kWaitsForNewest = false;
+  template <class Release, class WaitNewest>
+  __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int col0, int OW, const Release& release_oldest,
+                        const WaitNewest&) {
     const int lane = ctid & 31, warp_col = (ctid >> 5) * kWarpCols;
     if (col0 + warp_col >= OW) {  // this warp's pixels are all past the edge: nothing is stored, but the reduce reads
 #pragma unroll                    // defined values
@@ -1821,7 +1833,7 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
     // The MMAs have read the window's oldest row (no later step uses it): the mainloop calls this once per step, as
     // soon as it may.
     const auto release_oldest = [&] { feed.release_oldest(at, col0, strip_ends); };
-    mainloop.start(acc, window, col0, OW, release_oldest);
+    mainloop.start(acc, window, col0, OW, release_oldest, [] {});  // the feed has stored the whole window
     if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
     mainloop.finish(acc, release_oldest);
     feed.end_step(strip_ends);
@@ -1834,9 +1846,10 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
-// there. Each consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window, write the
-// previous step while they run, release the rows no later step needs once the MMAs have read them, and reduce the
-// step. Without producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
+// there. Each consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window (wgmma TF32
+// and 16-bit: those over the two older rows before waiting for the newest), write the previous step while they run,
+// release the rows no later step needs once the MMAs have read them, and reduce the step. Without producer warps each
+// consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
@@ -1908,8 +1921,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
       };
       for (int64_t s = begin; s < end; ++s, at.advance()) {
+        // The step's new rows; with kWaitsForNewest the newest is waited for inside start(), where its MMAs begin.
         const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
-        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);
+        const int now = Traits::Mainloop::kWaitsForNewest ? fresh - 1 : fresh;
+        for (int i = 0; i < now; ++i, ++rows) rows_in.wait(rows);
+        const uint32_t newest = rows;
+        rows += fresh - now;
         const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
         typename Traits::Mainloop::Accum acc;
         unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};
@@ -1917,7 +1934,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
         // once per step, as soon as it may.
         const auto release_oldest = [&] { rows_in.release(rows - 3); };
-        mainloop.start(acc, window, col0, OW, release_oldest);
+        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
         // At a strip's end the next step starts a new window: free the other two rows as well.

@@ -67,12 +67,13 @@ EDITS = (
      f"#define KB25_STAMP(k) if (stamp && s - begin < {STEPS}) kb25_stamps[cbase + (s - begin) * 8 + (k)] = clock64()\n"
      "      for (int64_t s = begin; s < end; ++s, at.advance()) {\n"
      "        KB25_STAMP(0);\n"),
-    ("        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);\n",
-     "        for (int i = 0; i < fresh; ++i, ++rows) rows_in.wait(rows);\n        KB25_STAMP(1);\n"),
-    ("        mainloop.start(acc, window, col0, OW, release_oldest);\n"
+    # "rows": the rows waited for before start() (wgmma waits for the newest one inside it, within "issue")
+    ("        rows += fresh - now;\n", "        rows += fresh - now;\n        KB25_STAMP(1);\n"),
+    ("        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n"
      "        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n"
      "        mainloop.finish(acc, release_oldest);\n",
-     "        mainloop.start(acc, window, col0, OW, release_oldest);\n        KB25_STAMP(2);\n"
+     "        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n"
+     "        KB25_STAMP(2);\n"
      "        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n        KB25_STAMP(3);\n"
      "        mainloop.finish(acc, release_oldest);\n        KB25_STAMP(4);\n"),
     ("        pending = epilogue.reduce(acc);\n        pending_row",

@@ -902,7 +902,9 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
 }
 
 // Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
-// release_oldest) issues the MMAs of one step over the three slots of rows oy..oy+2; finish(acc, release_oldest)
+// release_oldest, wait_newest) issues the MMAs of one step over the three slots of rows oy..oy+2 (kWaitsForNewest:
+// the caller has waited for the two older rows only, and start() calls wait_newest() before the MMAs that read the
+// newest; otherwise all three are there and it never calls it); finish(acc, release_oldest)
 // waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
 // as the window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between
 // the two, while the consumer writes its previous step; mma.sync has issued everything when start() returns.
@@ -1925,8 +1927,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
         const int now = Traits::Mainloop::kWaitsForNewest ? fresh - 1 : fresh;
         for (int i = 0; i < now; ++i, ++rows) rows_in.wait(rows);
-        const uint32_t newest = rows;
         rows += fresh - now;
+        const uint32_t newest = rows - 1;
         const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
         typename Traits::Mainloop::Accum acc;
         unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};

@@ -5,7 +5,9 @@ model_new.py (blocks 0-3; thread 0 of each consumer warpgroup and of each consum
 its own extension name in a temporary directory; the project's build is not touched. Prints, in SM cycles:
 
 - per block and consumer, medians over steps 10-110 of the period and of its parts (rows, issue, write, wait,
-  reduce), the producer's load, slot wait and store;
+  reduce), the producer's load, slot wait and store. Since v27 the TF32 and 16-bit wgmma kernels wait for a step's
+  newest row inside the issue, so their "rows" part holds only the older rows' waits (at a strip's start) and
+  "issue" the newest row's: compare those two parts with earlier versions' timelines only summed;
 - the two consumers' phase (consumer 1's issue start minus consumer 0's);
 - over the same steps of each block: the share of time with no consumer's MMAs in flight (from issue start to the
   wait's return) and with both;

@@ -2633,9 +2633,11 @@ CPP_SOURCE = r"""
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <ATen/Context.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <atomic>
+#include <memory>
 #include <mutex>
 @SHARED_DECLARATIONS@
 namespace {
@@ -2674,9 +2676,33 @@ std::atomic<bool> emulating{false};
 std::mutex emulation_mutex;
 kb25::DeviceProfile emulated{};
 
+// A device's properties, read once and kept, as at::cuda::getDeviceProperties keeps them. Not through
+// ATen/cuda/CUDAContext.h: it includes cuBLAS's, cuSPARSE's and cuSOLVER's headers, which a CUDA install of the
+// compiler and runtime alone lacks, and there the extension did not build
+// (test_host_code_needs_no_cuda_math_library_headers).
+const cudaDeviceProp& device_props(int device) {
+  struct Entry {
+    std::once_flag once;
+    cudaDeviceProp props{};
+    cudaError_t err = cudaSuccess;
+  };
+  static const int count = c10::cuda::device_count();
+  static const std::unique_ptr<Entry[]> entries(new Entry[count > 0 ? count : 1]);
+  TORCH_CHECK(device >= 0 && device < count,
+              "ModelNew expects a visible CUDA device, got device " + num(device) + " of " + num(count));
+  Entry& e = entries[device];
+  std::call_once(e.once, [&] { e.err = cudaGetDeviceProperties(&e.props, device); });
+  TORCH_CHECK(e.err == cudaSuccess, "ModelNew: cudaGetDeviceProperties failed: " + std::string(cudaGetErrorString(e.err)));
+  return e.props;
+}
+
+// The current device's SM count and stream, for the launchers.
+int current_sm_count() { return device_props(c10::cuda::current_device()).multiProcessorCount; }
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+
 kb25::DeviceProfile real_profile(int device) {
-  const auto* props = at::cuda::getDeviceProperties(device);
-  kb25::DeviceProfile p{props->major * 10 + props->minor, (int)props->sharedMemPerBlockOptin, false};
+  const cudaDeviceProp& props = device_props(device);
+  kb25::DeviceProfile p{props.major * 10 + props.minor, (int)props.sharedMemPerBlockOptin, false};
 #ifdef KB25_BUILT_FOR_SM90A
   p.wgmma_built = p.sm == 90;
 #endif
@@ -2837,7 +2863,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at:
   const cudaError_t err = launch_fused_conv3x3_min_tanh2(
       kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
       save ? pre_min.data_ptr<float>() : nullptr, N, (int)H, (int)W,
-      at::cuda::getCurrentDeviceProperties()->multiProcessorCount, at::cuda::getCurrentCUDAStream());
+      current_sm_count(), current_stream());
   TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
   return {out, argmin, pre_min};
 }
@@ -2854,8 +2880,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_conv_then_epilogue(const at
   const int64_t outer = y.size(0), reduce = y.size(1);
   const int64_t inner = outer * reduce == 0 ? 0 : y.numel() / (outer * reduce);
   const cudaError_t err = launch_min_dim1_tanh2(elem_code(y.scalar_type()), y.data_ptr(), out.data_ptr(), outer,
-                                                reduce, inner, at::cuda::getCurrentDeviceProperties()->multiProcessorCount,
-                                                at::cuda::getCurrentCUDAStream());
+                                                reduce, inner, current_sm_count(), current_stream());
   TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: " + std::string(cudaGetErrorString(err)));
   if (!save) return {out, at::Tensor(), at::Tensor()};
   const auto [values, indices] = at::min(y, 1, /*keepdim=*/true);
@@ -2956,8 +2981,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const int elem = elem_code(xc.scalar_type());
-  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int num_sms = current_sm_count();
+  const cudaStream_t stream = current_stream();
   const auto none = [&] { return at::empty({0}, xc.options()); };
   at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
   at::Tensor dw = need_weight ? at::empty(wc.sizes(), wc.options()) : none();

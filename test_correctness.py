@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 import torch
@@ -502,6 +503,30 @@ def test_build_standard_follows_the_cuda_torch_was_built_with(monkeypatch, cuda,
     monkeypatch.setattr(torch.version, "cuda", cuda)
     assert model_new._cuda_cflags(["-gencode=arch=compute_86,code=sm_86"]) == \
         ["-O3", f"-std={std}", "-gencode=arch=compute_86,code=sm_86"]
+
+
+# Headers of the CUDA math libraries, which ATen/cuda/CUDAContext.h includes (CUDAContextLight.h).
+CUDA_MATH_LIBRARY_HEADER = re.compile(r"\b(?:cublas|cusparse|cusolver|cudss)\w*\.h\b")
+
+
+def test_host_code_needs_no_cuda_math_library_headers(tmp_path):
+    """The C++ side of the extension (cpp_source, as load_inline compiles it) includes torch's headers and the CUDA
+    runtime's, not those of cuBLAS, cuSPARSE, cuSOLVER or cuDSS: a CUDA install of the compiler and runtime alone
+    (beside a CUDA build of torch, whose libraries come as wheels) lacks them, and there the build, and so the import
+    of model_new, failed on every GPU. g++ lists what the source includes (-M), missing headers too (-MG)."""
+    from torch.utils.cpp_extension import include_paths
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on PATH")
+    src = tmp_path / "main.cpp"
+    src.write_text("#include <torch/extension.h>\n" + model_new.cpp_source())
+    includes = [*include_paths(), sysconfig.get_paths()["include"]]  # torch's, then Python's (pybind11 needs it)
+    cmd = [gxx, "-std=c++20", "-M", "-MG", *(f"-I{p}" for p in includes), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = sorted(set(CUDA_MATH_LIBRARY_HEADER.findall(proc.stdout)))
+    assert not found, f"the host code includes {found}"
 
 
 # torch 2.14's check in ATen.h, which refuses C++17 (its headers are not installed here: CI installs 2.13's)

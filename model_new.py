@@ -30,6 +30,9 @@ directly: the same C++ function, without the dispatcher's Python layers (a few m
 """
 import collections
 import inspect
+import os
+import re
+import subprocess
 import sys
 import types
 
@@ -3140,24 +3143,54 @@ def _cuda_cflags(arch_flags):
     return ["-O3", f"-std={_cuda_std()}", *arch_flags]
 
 
+def _toolkit_paths(cuda_home):
+    """Include and library directories of the CUDA toolkit that the build's nvcc uses, where torch's guess of the
+    toolkit (cuda_home: $CUDA_HOME, else two levels above the nvcc on PATH) holds no CUDA headers; ([], []) where it
+    does, or where there is no nvcc to ask. An nvcc on PATH that is a wrapper script or a link from outside the
+    toolkit (/usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) makes that guess its parent directory, where
+    the C++ side of the build (torch's c10/cuda headers) failed with "cuda_runtime.h: No such file", on every GPU.
+    nvcc's dry run names the directories it compiles and links with (its INCLUDES and LIBRARIES lines); the linker
+    stubs' directory is left out."""
+    if cuda_home is None or os.path.isfile(os.path.join(cuda_home, "include", "cuda_runtime.h")):
+        return [], []
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")  # the compiler torch's build runs
+    if not os.path.isfile(nvcc):
+        return [], []
+    run = subprocess.run([nvcc, "-v", "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True, timeout=60)
+    lines = (run.stdout + run.stderr).splitlines()
+
+    def dirs(name, flag):
+        found = []
+        for line in lines:
+            if line.startswith(f"#$ {name}="):
+                found += [d for d in re.findall(rf'{flag}"?([^"\s]+)', line) if os.path.isdir(d)]
+        return [d for d in dict.fromkeys(found) if os.path.basename(d) != "stubs"]
+
+    return dirs("INCLUDES", "-I"), dirs("LIBRARIES", "-L")
+
+
 def _build_extension():
     """Compile once per source version (torch caches the build). Only where CUDA is available: a failed build
     raises here, at import, with the compiler's message."""
     if not torch.cuda.is_available():
         return None
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils import cpp_extension
 
     extra = {}
-    if "no_implicit_headers" in inspect.signature(load_inline).parameters:
+    if "no_implicit_headers" in inspect.signature(cpp_extension.load_inline).parameters:
         extra["no_implicit_headers"] = True  # the sources include what they use; keeps torch out of the .cu
     arch_flags, cpp_defines = _arch_flags()
-    return load_inline(
+    include_dirs, library_dirs = _toolkit_paths(cpp_extension.CUDA_HOME)
+    return cpp_extension.load_inline(
         name=EXTENSION_NAME,
         cpp_sources=[cpp_source()],
         cuda_sources=[cuda_source()],
         functions=EXTENSION_FUNCTIONS,
         extra_cflags=["-O3", *cpp_defines],
         extra_cuda_cflags=_cuda_cflags(arch_flags),
+        extra_ldflags=[f"-L{d}" for d in library_dirs],
+        extra_include_paths=include_dirs,
         verbose=False,
         **extra,
     )

@@ -514,6 +514,15 @@ def test_host_code_needs_no_cuda_math_library_headers(tmp_path):
     runtime's, not those of cuBLAS, cuSPARSE, cuSOLVER or cuDSS: a CUDA install of the compiler and runtime alone
     (beside a CUDA build of torch, whose libraries come as wheels) lacks them, and there the build, and so the import
     of model_new, failed on every GPU. g++ lists what the source includes (-M), missing headers too (-MG)."""
+    proc = _compile_host_code(tmp_path, ["-M", "-MG"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = sorted(set(CUDA_MATH_LIBRARY_HEADER.findall(proc.stdout)))
+    assert not found, f"the host code includes {found}"
+
+
+def _compile_host_code(tmp_path, flags, include_dirs=()):
+    """g++ on the C++ side of the extension (cpp_source, after torch/extension.h, as load_inline compiles it) with
+    torch's include paths, Python's (pybind11 needs it) and include_dirs."""
     from torch.utils.cpp_extension import include_paths
 
     gxx = shutil.which("g++")
@@ -521,12 +530,43 @@ def test_host_code_needs_no_cuda_math_library_headers(tmp_path):
         pytest.skip("g++ is not on PATH")
     src = tmp_path / "main.cpp"
     src.write_text("#include <torch/extension.h>\n" + model_new.cpp_source())
-    includes = [*include_paths(), sysconfig.get_paths()["include"]]  # torch's, then Python's (pybind11 needs it)
-    cmd = [gxx, "-std=c++20", "-M", "-MG", *(f"-I{p}" for p in includes), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    includes = [*include_paths(), sysconfig.get_paths()["include"], *include_dirs]
+    cmd = [gxx, "-std=c++20", *flags, *(f"-I{p}" for p in includes), str(src)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_build_finds_the_cuda_toolkit_where_torchs_guess_has_no_headers(tmp_path):
+    """torch takes the CUDA toolkit (CUDA_HOME) to be two levels above the nvcc on PATH. For an nvcc that is a wrapper
+    script outside the toolkit (/usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) that is a directory with no
+    CUDA headers, and the C++ side of the build failed there ("cuda_runtime.h: No such file"), on every GPU. Here such
+    a home (bin/nvcc a wrapper script, no include/): model_new._toolkit_paths must name nvcc's own include and library
+    directories (cuda_runtime.h, libcudart), and the C++ source must compile with them. Where the home holds the
+    headers it adds nothing."""
+    import glob
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    wrapper = tmp_path / "home" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec "{os.path.realpath(nvcc)}" "$@"\n')
+    wrapper.chmod(0o755)
+    include_dirs, library_dirs = model_new._toolkit_paths(str(tmp_path / "home"))
+    assert any(os.path.isfile(os.path.join(d, "cuda_runtime.h")) for d in include_dirs), include_dirs
+    assert any(glob.glob(os.path.join(d, "libcudart.so*")) for d in library_dirs), library_dirs
+    from torch.utils.cpp_extension import include_paths
+
+    stub = tmp_path / "stub"
+    macros = "c10/cuda/impl/cuda_cmake_macros.h"  # generated at torch's build; a CPU wheel ships without it
+    if not any(os.path.isfile(os.path.join(p, macros)) for p in include_paths()):
+        (stub / macros).parent.mkdir(parents=True)
+        (stub / macros).write_text("")
+    proc = _compile_host_code(tmp_path, ["-fsyntax-only"], [*include_dirs, str(stub)])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    found = sorted(set(CUDA_MATH_LIBRARY_HEADER.findall(proc.stdout)))
-    assert not found, f"the host code includes {found}"
+    full = tmp_path / "full"
+    (full / "include").mkdir(parents=True)
+    (full / "include" / "cuda_runtime.h").write_text("")
+    assert model_new._toolkit_paths(str(full)) == ([], [])
 
 
 # torch 2.14's check in ATen.h, which refuses C++17 (its headers are not installed here: CI installs 2.13's)

@@ -1906,8 +1906,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
-      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
+      // 16-bit inference: the thread index through an empty asm, so that ptxas cannot re-read it from SR_TID.X inside
+      // the step loop (it did, at each step's top, and the read's latency sat between the reduce and the next step's
+      // first MMA). The TF32 and 3xTF32 kernels were slower with it (docs/perf-notes.md, v30).
+      unsigned tid = threadIdx.x;
+      if constexpr (sizeof(Elem) == 2 && !kSave) asm volatile("" : "+r"(tid));
+      const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;
+      const int ctid = (tid - Traits::kProducers) % Traits::kWarpgroup;
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);

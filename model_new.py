@@ -240,6 +240,10 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar))
                : "memory");
 }
+__device__ __forceinline__ void mbarrier_arrive_if(uint64_t* bar, bool when) {
+  asm volatile("{\n .reg .pred p;\n .reg .b64 state;\n setp.ne.b32 p, %1, 0;\n"
+               " @p mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)), "r"((int)when) : "memory");
+}
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
@@ -621,6 +625,8 @@ struct RowRing {
   }
   __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }
   __device__ void release(uint32_t d) const { mbarrier_arrive(empty(d)); }
+  // Release where `when` holds, by a predicated arrive rather than a branch around it.
+  __device__ void release_if(bool when, uint32_t d) const { mbarrier_arrive_if(empty(d), when); }
 };
 
 // ================================================================ producer (global -> registers -> slot)
@@ -1947,8 +1953,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
-        // At a strip's end the next step starts a new window: free the other two rows as well.
-        if (strip_ends) {
+        // At a strip's end the next step starts a new window: free the other two rows as well. The 16-bit inference
+        // kernels do it by predicated arrivals rather than a branch around them (docs/perf-notes.md v30, SE).
+        if constexpr (sizeof(Elem) == 2 && !kSave) {
+          rows_in.release_if(strip_ends, rows - 2);
+          rows_in.release_if(strip_ends, rows - 1);
+        } else if (strip_ends) {
           rows_in.release(rows - 2);
           rows_in.release(rows - 1);
         }

@@ -1912,9 +1912,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      // 16-bit inference: the thread index through an empty asm, so that ptxas cannot re-read it from SR_TID.X inside
-      // the step loop (it did, at each step's top, and the read's latency sat between the reduce and the next step's
-      // first MMA). The TF32 and 3xTF32 kernels were slower with it (docs/perf-notes.md, v30).
+      // 16-bit inference: the thread index through an empty asm, so that the compiler cannot re-read %tid.x
+      // (SR_TID.X) inside the step loop (it did, at each step's top, and the read's latency sat between the reduce and
+      // the next step's first MMA). The TF32 and 3xTF32 kernels were slower with it (docs/perf-notes.md, v30, OT).
       unsigned tid = threadIdx.x;
       if constexpr (sizeof(Elem) == 2 && !kSave) asm volatile("" : "+r"(tid));
       const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;

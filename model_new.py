@@ -1202,38 +1202,29 @@ struct MmaSyncMainloop {
     Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
-    // The first k-step with C = the bias (tap 0 on its own), unless this is 3xTF32 with two m-tiles a warp on sm_100+:
-    // there ptxas spills that form, and the accumulators start from moves (the bias, and 0 for the small products)
-    // instead. One k-step a trip does not spill either, but runs 7% slower on the H200 (docs/perf-notes.md).
+    // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
+    // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
+    // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
+    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, 17e), which sm_100 was not measured for.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    constexpr bool kBiasInC = !(kSplit && kMTiles > 1);
+    constexpr bool kOneKStepATrip = kSplit && kMTiles > 1;
 #else
-    constexpr bool kBiasInC = true;
+    constexpr bool kOneKStepATrip = false;
 #endif
-    if constexpr (kBiasInC) {
+    {
       const uint32_t row0 = smem_u32(rows[0]) + lane_offset;
       k_step<true>(acc, small, row0, 0, lane);
 #pragma unroll
       for (int kb = 1; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row0 + 2 * kb * Geometry::kGroupBytes, kb, lane);
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const float4 bias = bias_fragment(nt, lane);
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          acc[mt][nt][0] = bias.x, acc[mt][nt][1] = bias.y, acc[mt][nt][2] = bias.z, acc[mt][nt][3] = bias.w;
-          if constexpr (kSplit) small[mt][nt][0] = small[mt][nt][1] = small[mt][nt][2] = small[mt][nt][3] = 0.f;
-        }
-      }
     }
     // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
     // hoists loads until it spills); the others unroll every k-step.
 #pragma unroll(kSplit ? 1 : Geometry::kTaps - 1)
-    for (int tap = kBiasInC ? 1 : 0; tap < Geometry::kTaps; ++tap) {
+    for (int tap = 1; tap < Geometry::kTaps; ++tap) {
       const int kh = tap / 3, kw = tap % 3;
       const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
-#pragma unroll
+#pragma unroll(kOneKStepATrip ? 1 : Geometry::kKStepsPerTap)
       for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row + 2 * kb * Geometry::kGroupBytes, tap * Geometry::kKStepsPerTap + kb, lane);
       // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
@@ -1912,11 +1903,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
       }
     } else {
-      // 16-bit inference: the thread index through an empty asm, so that the compiler cannot re-read %tid.x
-      // (SR_TID.X) inside the step loop (it did, at each step's top, and the read's latency sat between the reduce and
-      // the next step's first MMA). The TF32 and 3xTF32 kernels were slower with it (docs/perf-notes.md, v30, OT).
+      // The 16-bit inference kernels' step loop has two changes of its own (docs/perf-notes.md, v30): the thread index
+      // through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) inside the loop (it did, at each
+      // step's top, and the read's latency sat between the reduce and the next step's first MMA; the TF32 and 3xTF32
+      // kernels were slower with it, OT), and a strip's end releases by predicated arrivals (SE).
+      constexpr bool k16BitInference = sizeof(Elem) == 2 && !kSave;
       unsigned tid = threadIdx.x;
-      if constexpr (sizeof(Elem) == 2 && !kSave) asm volatile("" : "+r"(tid));
+      if constexpr (k16BitInference) asm volatile("" : "+r"(tid));
       const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;
       const int ctid = (tid - Traits::kProducers) % Traits::kWarpgroup;
       int64_t begin, end;
@@ -1953,9 +1946,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
-        // At a strip's end the next step starts a new window: free the other two rows as well. The 16-bit inference
-        // kernels do it by predicated arrivals rather than a branch around them (docs/perf-notes.md v30, SE).
-        if constexpr (sizeof(Elem) == 2 && !kSave) {
+        // At a strip's end the next step starts a new window: free the other two rows as well (16-bit inference: by
+        // predicated arrivals rather than a branch around them).
+        if constexpr (k16BitInference) {
           rows_in.release_if(strip_ends, rows - 2);
           rows_in.release_if(strip_ends, rows - 1);
         } else if (strip_ends) {

@@ -12,6 +12,7 @@ third of a round's samples dropped: the power reading lags), and prints ms a cal
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,8 @@ def main():
         p.error(f"--alternate compares two backends in tf32; expected no --precisions with it, got {args.precisions}")
     if args.back_to_back is not None and not args.back_to_back > 0:
         p.error(f"--back-to-back: expected a positive number of seconds, got {args.back_to_back}")
+    if args.back_to_back is not None and shutil.which("nvidia-smi") is None:
+        p.error("--back-to-back samples the clock with nvidia-smi, which is not on PATH")
     if not torch.cuda.is_available():
         print("clock_probe.py needs a CUDA GPU; none is available here.")
         return 2

@@ -595,6 +595,22 @@ def test_cuda_source_compiles_after_torchs_headers(tmp_path, arch):
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
+def test_device_code_builds_with_cuda_12_8(tmp_path, arch):
+    """What a GPU user builds with is the CUDA their torch was built with (torch's cu126 and cu128 wheels: CUDA 12),
+    where CI's nvcc is 13.0: every kernel of the CUDA source built by CUDA 12.8's front end (NVRTC, from PyPI) and
+    ptxas, with no error, no missing kernel, stack frame or spill (tools/toolkit_build.py; host code not covered)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import toolkit_build
+
+    try:
+        root = toolkit_build.fetch("12.8")
+    except toolkit_build.FetchError as e:
+        pytest.skip(f"CUDA 12.8's NVRTC and ptxas could not be fetched from PyPI: {e}")
+    problems, report = toolkit_build.build(root, "12.8", arch, str(tmp_path))
+    assert not problems, f"{problems}\n{report[-4000:]}"
+
+
 def _instantiation(mangled):
     """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision,
     tile columns, consumers, producer warps, ring>, kSave>."""

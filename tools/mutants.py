@@ -207,6 +207,13 @@ MUTANTS = {
         "",
         ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
+    # after a column block's last row a consumer (and its producer) goes on in the next image, not the next block
+    "next_block_skipped_for_the_next_image": (
+        "      if (++cb == col_blocks) {\n",
+        "      if (++cb <= col_blocks) {\n",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "5x16x40x600"),
+         node("test_edge_shapes", "kernel-sm90_tf32", "5x16x40x600")],
+    ),
     # a self-fed consumer never writes the last step of its range
     "self_fed_last_step_never_written": (
         "  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",

@@ -179,17 +179,15 @@ def main():
     p.add_argument("--arch", nargs="+", required=True, help="compute capabilities as nvcc spells them, e.g. 86 100")
     p.add_argument("--workdir", default=None, help="where the PTX goes (default: a temporary directory)")
     args = p.parse_args()
-    if not re.fullmatch(RELEASE, args.cuda):
-        p.error(f"--cuda: expected a CUDA 11 or 12 release such as 12.8, got {args.cuda!r}")
     for arch in args.arch:
         if not re.fullmatch(r"\d{2,3}a?", arch):
             p.error(f"--arch: expected a compute capability such as 86 or 100, got {arch!r}")
-    workdir = args.workdir or tempfile.mkdtemp(prefix="toolkit_build_")
-    os.makedirs(workdir, exist_ok=True)
     try:
         root = fetch(args.cuda)
-    except FetchError as e:
+    except (ValueError, FetchError) as e:  # ValueError: not a release fetch() knows
         p.error(str(e))
+    workdir = args.workdir or tempfile.mkdtemp(prefix="toolkit_build_")
+    os.makedirs(workdir, exist_ok=True)
     failed = False
     for arch in args.arch:
         problems, report = build(root, args.cuda, arch, workdir)

@@ -1279,7 +1279,7 @@ EDGE_SHAPES = [
     (2, 16, 258, 258),  # exactly one 256-column block
     (2, 16, 259, 259),  # one column past it
     (3, 16, 40, 600),  # several column blocks, non-square
-    (5, 16, 40, 600),  # ranges that run from one column block into the next, for 40 to 376 consumers (3 images: none at 264)
+    (5, 16, 40, 600),  # ranges run from one column block into the next, for 40 to 376 consumers (3 images: none at 264)
     (2, 16, 301, 19),
     (1, 16, 3, 1000),  # one output row
     (5, 16, 4, 6),  # W % 4 != 0 and W % 4 == 0 mixed with tiny sizes

@@ -1363,17 +1363,31 @@ struct WgmmaEpilogue {
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
   // A staged buffer: 16 bytes a pixel pair (p, p + kTileCols / 2) and warp.
   static constexpr int kStageBytes = kTileCols / 2 * 4 * 16;
+  // kHandsOff (the packed kernels): the consumer only stages a step's minima; its producer threads write the step
+  // (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have staged
+  // it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer writes
+  // each step itself under the next step's MMAs, from two buffers.
+  static constexpr bool kHandsOff = kPacked;
+  static constexpr int kStages = sizeof(Elem) == 2 ? 4 : 2;
+  static constexpr int kHandOffStages = sizeof(Elem) == 2 ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
   static constexpr int kSmemBytes =
-      sizeof(Elem) == 2 && 2 * kStageBytes > kButterflyBytes ? 2 * kStageBytes : kButterflyBytes;
+      sizeof(Elem) == 2 && kStages * kStageBytes > kButterflyBytes ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
   unsigned char* const red_channel;
+  uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
   const int barrier_id, ctid;
   int turn = 0;
-  __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_)
-      : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), barrier_id(1 + consumer),
-        ctid(ctid_) {}
+  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
+      : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
+        barrier_id(1 + consumer), ctid(ctid_) {}
+  __device__ uint64_t* stage_full(uint32_t j) const { return stage_bars + 2 * (j % kStages); }
+  __device__ uint64_t* stage_empty(uint32_t j) const { return stage_full(j) + 1; }
+  __device__ const unsigned char* stage_buffer(uint32_t j) const {
+    return reinterpret_cast<const unsigned char*>(red) + (j % kStages) * kStageBytes;
+  }
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
@@ -1418,7 +1432,7 @@ struct WgmmaEpilogue {
   // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
   // minima packed, folded once across lane pairs and staged, or the butterfly and the warp's minima (and their
   // channels within the warp, kSave), into this step's buffer.
-  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
@@ -1441,11 +1455,15 @@ struct WgmmaEpilogue {
       // minima of pixel p and the odd ones' of pixel p + kHalf * 8 (word m: groups 2m, 2m + 1 of both), stored at
       // stage_offset(p, warp); lane 8q + i gives that address, 2048 s bytes on from store 0's.
       const int q = lane >> 3, i = lane & 7;
-      const uint32_t at = smem_u32(reinterpret_cast<unsigned char*>(red) + turn * kStageBytes) +
-                          stage_offset(8 * q + i, warp);
+      // The buffer free again: its last step written (by the producer threads; on a fresh barrier the first
+      // kStages pass).
+      mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);
+      const uint32_t at = smem_u32(stage_buffer(staged)) + stage_offset(8 * q + i, warp);
 #pragma unroll
       for (int s = 0; s < kHalf / 4; ++s)
         stmatrix_x4_trans(at + s * 2048, u[4 * s], u[4 * s + 1], u[4 * s + 2], u[4 * s + 3]);
+      mbarrier_arrive(stage_full(staged));
+      ++staged;
     } else {
       reduce_unpacked(acc, g, t, warp, first);
     }
@@ -1507,14 +1525,14 @@ struct WgmmaEpilogue {
     return true;
   }
   static_assert(kNBlocks % 8 == 0 && stores_2048_apart(), "a stmatrix store's rows 2048 bytes on from the last's");
-  __device__ void write_pair(const unsigned char* buffer, const RowOut<Elem>& dst, int col0, int OW) const {
-    const int col = col0 + ctid;
+  __device__ static void write_pair(const unsigned char* buffer, const RowOut<Elem>& dst, int col0, int OW, int p) {
+    const int col = col0 + p;
     if (col >= OW) return;
-    // The pair's 4 chunks, chunk k ^ (ctid >> 1) in trip k (which warp is which does not matter to the min).
-    const unsigned char* const pair = buffer + 64 * ctid;
+    // The pair's 4 chunks, chunk k ^ (p >> 1) in trip k (which warp is which does not matter to the min).
+    const unsigned char* const pair = buffer + 64 * p;
     uint4 x[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(pair + 16 * ((k ^ (ctid >> 1)) & 3));
+    for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(pair + 16 * ((k ^ (p >> 1)) & 3));
 #pragma unroll
     for (int k = 0; k < 4; k += 2) {
       x[k].x = Precision::min2(x[k].x, x[k + 1].x);
@@ -1530,17 +1548,25 @@ struct WgmmaEpilogue {
     if (col + Geometry::kWarpgroup < OW)
       dst.out[col + Geometry::kWarpgroup] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[1])));
   }
+  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it, the
+  // pairs p = ptid, ptid + kPairsApart, ... each.
+  template <int kPairsApart>
+  __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
+    mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
+    const unsigned char* const buffer = stage_buffer(staged);
+#pragma unroll
+    for (int p = ptid; p < kTileCols / 2; p += kPairsApart) write_pair(buffer, dst, col0, OW, p);
+    mbarrier_arrive(stage_empty(staged));
+    ++staged;
+  }
   // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
   // min over them (warp w holds channels 16w..16w+15), tanh, tanh and the store.
   __device__ void write(const Partial&, const RowOut<typename Geometry::Elem>& dst, int col0, int OW) {
-    float* const buffer = red + turn * kBufferFloats;
-    const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
-    const unsigned char* const staged = reinterpret_cast<const unsigned char*>(red) + turn * kStageBytes;
-    turn ^= 1;
-    named_barrier<Geometry::kWarpgroup>(barrier_id);
-    if constexpr (kPacked) {
-      write_pair(staged, dst, col0, OW);
-    } else {
+    if constexpr (!kHandsOff) {  // (kHandsOff: the producer's threads write the step)
+      float* const buffer = red + turn * kBufferFloats;
+      const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
+      turn ^= 1;
+      named_barrier<Geometry::kWarpgroup>(barrier_id);
       // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
 #pragma unroll(kSave ? 1 : kTileCols / Geometry::kWarpgroup)
       for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
@@ -1577,8 +1603,10 @@ struct MmaSyncEpilogue {
   static constexpr int kMTiles = Mainloop::kMTiles;
   static constexpr int kMine = (kMTiles + 3) / 4;  // m-tiles a lane stores
   static constexpr int kSmemBytes = 0;
+  static constexpr bool kHandsOff = false;
+  static constexpr int kHandOffStages = 0;
   const int ctid;
-  __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_) : ctid(ctid_) {}
+  __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_, uint64_t* = nullptr) : ctid(ctid_) {}
 
   struct Partial {
     float lo[kMine], hi[kMine];  // the minima of pixels 16 mt + g and 16 mt + g + 8, mt = t + 4i
@@ -1704,12 +1732,14 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static constexpr int kRing = kRing_;
   static_assert(kRing >= Geometry::kKsize + (Mainloop::kReleasesOldestEarly ? 0 : 1), "the window and the row being stored");
   // Shared memory: per consumer its ring and reduction buffers; then what the consumers share; then the mbarriers
-  // (full, empty) per slot.
+  // (full, empty) per slot; then, where the producer's threads write the consumer's steps (Epilogue::kHandsOff), per
+  // consumer a (full, empty) pair per staged buffer.
   static constexpr int kRingBytes = kRing * Geometry::kSlotBytes;
   static constexpr int kConsumerBytes = kRingBytes + Epilogue::kSmemBytes;
   static constexpr int kSharedOffset = kConsumers * kConsumerBytes;
   static constexpr int kBarrierOffset = kSharedOffset + Mainloop::kSmemBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + kConsumers * kRing * 2 * 8;
+  static constexpr int kStageBarrierOffset = kBarrierOffset + kConsumers * kRing * 2 * 8;
+  static constexpr int kSmemBytes = kStageBarrierOffset + kConsumers * Epilogue::kHandOffStages * 2 * 8;
   static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory: more than any GPU gives a block");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
@@ -1727,17 +1757,19 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
 
 // ================================================================ the kernel
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
-// land while the consumer frees it.
-template <class Traits, bool kVec16>
+// land while the consumer frees it. The writer writes the consumer's steps where the producer does (HandedWrites).
+template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::Elem* __restrict__ x, int H, int W,
-                                             const typename Traits::Ring& ring) {
+                                             const typename Traits::Ring& ring, Writer& writer) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
+    const bool step_starts = ahead.r == 0;
     ahead.next();
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
+    if (step_starts) writer.step();  // while the row's loads are in flight
     ring.acquire(d);
     if constexpr (kVec16) {
       producer.store(row, ring.slot(d), x_img, y, col0);
@@ -1746,7 +1778,51 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
     }
     ring.commit(d);
   }
+  writer.drain();
 }
+
+// Where the consumer writes its own steps (Epilogue::kHandsOff false): nothing for the producer to write.
+struct NoWrites {
+  __device__ void step() {}
+  __device__ void drain() {}
+};
+
+// Epilogue::kHandsOff: a producer thread also writes its consumer's steps, in order, kLag steps behind the rows it
+// stores (step j at step j + kLag's first row, while that row's loads are in flight), and the last kLag after its
+// last row. It waits for the consumer to have staged step j; the consumer stages step j + kStages into the same
+// buffer only after it has received step j + kLag's rows (kLag <= kStages), which the producer stores after writing
+// step j, so the consumer's wait for the buffer never waits (it states the order the ring already gives). kLag 1
+// starves the consumer: the producer stores step k's row only once the consumer has staged step k - 1 (+7%); 2 ran
+// 0.9% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower (docs/perf-notes.md,
+// v33).
+template <class Traits>
+struct HandedWrites {
+  using Elem = typename Traits::Elem;
+  using Epilogue = typename Traits::Epilogue;
+  static constexpr uint32_t kLag = 2;
+  static_assert(kLag <= Epilogue::kStages, "the consumer's buffer written before it stages into it");
+  Epilogue epilogue;
+  StepWalker at;  // the next step to write
+  uint32_t seen = 0;
+  const uint32_t steps;
+  Elem* const out;
+  const int OH, OW, ptid;
+  __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
+                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks)
+      : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
+        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_) {}
+  __device__ void write() {
+    const RowOut<Elem> dst{out + (at.n * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
+    at.advance();
+  }
+  __device__ void step() {
+    if (seen++ >= kLag) write();
+  }
+  __device__ void drain() {
+    while (epilogue.staged < steps) write();
+  }
+};
 
 // The rows of a self-fed consumer (Traits::kSelfFed): window() loads (at a strip's start) and names the step's three
 // slots, release_oldest() runs once the MMAs have read the window's oldest row, end_step() once they have read all of
@@ -1865,8 +1941,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     unsigned char* const shared = smem + Traits::kSharedOffset;
     uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
     auto ring = [&](int c) { return Ring{smem + c * Traits::kConsumerBytes, barriers + c * Traits::kRing * 2}; };
+    uint64_t* const stage_bars = reinterpret_cast<uint64_t*>(smem + Traits::kStageBarrierOffset);
+    constexpr int kStagePairs = Traits::Epilogue::kHandOffStages;
     if (!Traits::kSelfFed && threadIdx.x == 0) {
       for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
+      for (int i = 0; i < Traits::kConsumers * kStagePairs; ++i) {
+        mbarrier_init(stage_bars + 2 * i, Traits::kWarpgroup);
+        mbarrier_init(stage_bars + 2 * i + 1, Traits::kProducerThreads);
+      }
     }
     Traits::Mainloop::template stage_shared<Traits::kThreads>(shared, w, b);
     __syncthreads();
@@ -1895,12 +1977,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int64_t begin, end;
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
                  begin, end);
-      const typename Traits::Producer producer(x, H, W, threadIdx.x % Traits::kProducerThreads);
+      const int ptid = threadIdx.x % Traits::kProducerThreads;
+      const typename Traits::Producer producer(x, H, W, ptid);
       const RowCursor rows(begin, end, OH, col_blocks);
-      if (producer.vec16) {
-        produce_rows<Traits, true>(producer, rows, x, H, W, ring(c));
+      const auto produce = [&](auto& writer) {
+        if (producer.vec16) {
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer);
+        } else {
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer);
+        }
+      };
+      if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
+        HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
+                                    begin, end, out, OH, OW, col_blocks);
+        produce(writer);
       } else {
-        produce_rows<Traits, false>(producer, rows, x, H, W, ring(c));
+        NoWrites writer;
+        produce(writer);
       }
     } else {
       // The 16-bit inference kernels' step loop has two changes of its own (docs/perf-notes.md, v30): the thread index
@@ -1918,11 +2011,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const Ring rows_in = ring(c);
       typename Traits::Mainloop mainloop(shared, b, ctid);
       using Epilogue = typename Traits::template EpilogueFor<kSave>;
-      Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid);
+      Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid, stage_bars + 2 * kStagePairs * c);
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
-      // so the tensor cores do not idle through the epilogue. No MMA stays in flight across the loop's back edge.
+      // so the tensor cores do not idle through the epilogue (16-bit inference: the producer's threads write it). No
+      // MMA stays in flight across the loop's back edge.
       typename Epilogue::Partial pending;
       int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
       int pending_col0 = 0;

@@ -205,7 +205,21 @@ MUTANTS = {
     "last_step_never_written": (
         "      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
-        ["test_full_size_matches_reference[0]", node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
+        ["test_full_size_matches_reference[0]", node("test_edge_shapes", "kernel-sm90_tf32", "2x16x67x67")],
+    ),
+    # wgmma 16-bit, the write handed to the producer threads: the steps still staged after their last row (the
+    # last kLag of each consumer's range) are never written
+    "handed_last_steps_never_written": (
+        "    while (epilogue.staged < steps) write();\n",
+        "",
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "3x16x40x600")],
+    ),
+    # wgmma 16-bit, the write handed to the producer threads: they read a staged buffer without waiting for the
+    # consumer to have staged the step there (its minima from kStages steps before, or nothing yet)
+    "handed_write_before_staged": (
+        "    mbarrier_wait(stage_full(staged), (staged / kStages) & 1);\n",
+        "",
+        [node("test_other_precisions_full_size", shape="bf16"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
     # after a column block's last row a consumer (and its producer) goes on in the next image, not the next block
     "next_block_skipped_for_the_next_image": (

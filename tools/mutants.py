@@ -214,13 +214,6 @@ MUTANTS = {
         "",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "3x16x40x600")],
     ),
-    # wgmma 16-bit, the write handed to the producer threads: they read a staged buffer without waiting for the
-    # consumer to have staged the step there (its minima from kStages steps before, or nothing yet)
-    "handed_write_before_staged": (
-        "    mbarrier_wait(stage_full(staged), (staged / kStages) & 1);\n",
-        "",
-        [node("test_other_precisions_full_size", shape="bf16"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
-    ),
     # after a column block's last row a consumer (and its producer) goes on in the next image, not the next block
     "next_block_skipped_for_the_next_image": (
         "      if (++cb == col_blocks) {\n",

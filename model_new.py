@@ -916,8 +916,7 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
 // newest; otherwise all three are there and it never calls it); finish(acc, release_oldest)
 // waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
 // as the window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between
-// the two, while the consumer writes its previous step (16-bit inference: its producer threads write it); mma.sync has
-// issued everything when start() returns.
+// the two, while the consumer writes its previous step; mma.sync has issued everything when start() returns.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -1330,8 +1329,7 @@ struct MmaSyncMainloop {
 // the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
 // barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
-// every thread reaches after reading it. The 16-bit inference kernels (kHandsOff) instead hand the step to their
-// producer threads: four buffers, a full and an empty mbarrier each, and write_handed() in place of write().
+// every thread reaches after reading it.
 // - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
@@ -1370,7 +1368,7 @@ struct WgmmaEpilogue {
   // it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer writes
   // each step itself under the next step's MMAs, from two buffers.
   static constexpr bool kHandsOff = kPacked;
-  static constexpr int kStages = sizeof(Elem) == 2 ? 4 : 2;  // staged buffers (fp32 minima: the two that `turn` picks)
+  static constexpr int kStages = sizeof(Elem) == 2 ? 4 : 2;
   static constexpr int kHandOffStages = sizeof(Elem) == 2 ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
   static constexpr int kSmemBytes =
@@ -1508,14 +1506,13 @@ struct WgmmaEpilogue {
       }
     }
   }
-  // 16-bit, not saving: pixel pair p is pixels p and p + kWarpgroup (kTileCols = 2 x kWarpgroup; the producer's
-  // threads take two pairs each since v33, the consumer's took one, p = ctid): the pair's 4 staged chunks (one a
-  // warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p + kWarpgroup in the high), and
-  // a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
+  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
+  // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
+  // kWarpgroup in the high), and a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
   // stored as one word, against one pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and
   // stores was 1.5% slower, so it keeps the loop: docs/perf-notes.md, 21b. Its loads are the staged chunks since v25,
   // its pixels kWarpgroup apart since v26.)
-  static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "pair p is pixels p and p + kWarpgroup");
+  static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
   // chunks in it permuted by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
   // distinct 16-byte bank groups, and so do a quarter-warp's loads in the write (8 consecutive pairs, chunk k ^ (p
@@ -1586,7 +1583,7 @@ struct WgmmaEpilogue {
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
             if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));
-          } else {  // fp32 minima (the packed ones go to the producer's write_handed)
+          } else {  // fp32 minima (the packed ones take write_pair)
             m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
                         nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
           }
@@ -1743,8 +1740,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static constexpr int kBarrierOffset = kSharedOffset + Mainloop::kSmemBytes;
   static constexpr int kStageBarrierOffset = kBarrierOffset + kConsumers * kRing * 2 * 8;
   static constexpr int kSmemBytes = kStageBarrierOffset + kConsumers * Epilogue::kHandOffStages * 2 * 8;
-  static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0 &&
-                kStageBarrierOffset % 8 == 0, "alignment");
+  static_assert(kConsumerBytes % 16 == 0 && kSharedOffset % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory: more than any GPU gives a block");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
   // accumulators and the fragments of one k-step; the weights stay in shared memory) plus about 16, or a producer
@@ -1761,8 +1757,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
 
 // ================================================================ the kernel
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
-// land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
-// writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
+// land while the consumer frees it. The writer writes the consumer's steps where the producer does (HandedWrites).
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::Elem* __restrict__ x, int H, int W,
@@ -1774,7 +1769,7 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
     const bool step_starts = ahead.r == 0;
     ahead.next();
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
-    if (step_starts) writer.step();
+    if (step_starts) writer.step();  // while the row's loads are in flight
     ring.acquire(d);
     if constexpr (kVec16) {
       producer.store(row, ring.slot(d), x_img, y, col0);
@@ -1798,15 +1793,14 @@ struct NoWrites {
 // buffer only after it has received step j + kLag's rows (kLag <= kStages), which the producer stores after writing
 // step j, so the consumer's wait for the buffer never waits (it states the order the ring already gives). kLag 1
 // starves the consumer: the producer stores step k's row only once the consumer has staged step k - 1 (+7%); 2 ran
-// 0.7-0.8% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower than 3
-// (docs/perf-notes.md, v33). kLag 0 would deadlock: step k's row would wait for step k to be staged.
+// 0.9% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower (docs/perf-notes.md,
+// v33).
 template <class Traits>
 struct HandedWrites {
   using Elem = typename Traits::Elem;
   using Epilogue = typename Traits::Epilogue;
   static constexpr uint32_t kLag = 2;
-  static_assert(kLag >= 1 && kLag <= Epilogue::kStages,
-                "a row stored before its step is waited for, a buffer written before it is staged into again");
+  static_assert(kLag <= Epilogue::kStages, "the consumer's buffer written before it stages into it");
   Epilogue epilogue;
   StepWalker at;  // the next step to write
   uint32_t seen = 0;
@@ -1930,11 +1924,10 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
-// there (16-bit inference: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for the
-// step's new rows, issue the MMAs over the 3-row window (wgmma TF32 and 16-bit: those over the two older rows before
-// waiting for the newest), write the previous step while they run (16-bit inference: no write, its producer threads
-// do it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without producer
-// warps each consumer loads its own rows (SelfFeed, consume_steps()).
+// there. Each consumer walks its steps: wait for the step's new rows, issue the MMAs over the 3-row window (wgmma TF32
+// and 16-bit: those over the two older rows before waiting for the newest), write the previous step while they run,
+// release the rows no later step needs once the MMAs have read them, and reduce the step. Without producer warps each
+// consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,

@@ -611,6 +611,23 @@ def test_device_code_builds_with_cuda_12_8(tmp_path, arch):
     assert not problems, f"{problems}\n{report[-4000:]}"
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--cuda", "13.0", "--arch", "86"], "--cuda: expected a CUDA 11 or 12 release such as 12.8, got '13.0'"),
+    (["--cuda", "12.8", "--arch", "sm_86"], "--arch: expected a compute capability such as 86 or 100, got 'sm_86'"),
+])
+def test_toolkit_build_refuses_bad_arguments_in_one_line(tmp_path, args, expected):
+    """tools/toolkit_build.py: a release it cannot fetch or an arch nvcc does not spell so is an argument error (exit
+    2, one line naming what was expected and what came), before anything is fetched or any directory made."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "toolkit_build.py")
+    workdir = tmp_path / "work"
+    proc = subprocess.run([sys.executable, tool, *args, "--workdir", str(workdir)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().splitlines()[-1].endswith(expected), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not workdir.exists()
+
+
 def _instantiation(mangled):
     """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision,
     tile columns, consumers, producer warps, ring>, kSave>."""

@@ -1,0 +1,380 @@
+// The backward from the saved argmin and pre-tanh min: dX, dW and db, deterministic.
+#pragma once
+
+#include "numerics.cuh"
+#include "scheduler.cuh"
+
+namespace kb25 {
+
+// ================================================================ backward, from the saved argmin and pre-tanh min
+// With t1 = tanh(m), t2 = tanh(t1) at a pixel's saved min m, its gradient gm = g * (1 - t2^2) * (1 - t1^2) (the two
+// tanh_backward steps of the reference, in its order) flows to its argmin channel k only. Everything in fp32; one
+// rounding to the element type at the end. The reference's sums are dense (zeros times the other channels), and
+// 0 * inf or 0 * NaN is NaN there: the kernels reproduce that where an input or a weight is not finite.
+__device__ __forceinline__ float min_grad(float g, float m) {
+  const float t1 = tanhf(m), t2 = tanhf(t1);
+  return g * (1.f - t2 * t2) * (1.f - t1 * t1);
+}
+
+struct GradGeometry {
+  static constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
+  static constexpr int kTaps = kKsize * kKsize;
+  static constexpr int kEntries = kCin * kTaps;  // a weight row: (c, i, j), in the weight's order
+  static constexpr int kNoPixel = 255;           // a tap that falls outside the output
+};
+
+// dX[c, y, q] = sum over taps (i, j) with p = (y - i, q - j) inside the output of gm[p] * W[k(p), c, i, j]: a gather,
+// no atomics. A step is one input row segment of kCols columns; a thread owns one column and its 16 channels.
+struct GradInput : GradGeometry {
+  static constexpr int kCols = 256, kThreads = kCols;
+  static constexpr int kTileCols = kCols + kKsize - 1;
+  // Shared memory: the weights as [tap][k][c] (fp32; a row of 16 channels is 4 chunks of 16 bytes, chunk c4 stored
+  // at c4 ^ ((k >> 1) & 3), so that rows of different k spread over 8 chunk positions of the banks: the lanes of a
+  // warp read rows of their own pixels' k); then per weight column (c, tap) a mask of the channels k whose weight
+  // there is not finite; then the step's (gm, k) of the kKsize output rows it reads.
+  static constexpr int kWeightBytes = kTaps * kCout * kCin * 4;
+  static constexpr int kMaskBytes = kEntries * 8;
+  static constexpr int kSmemBytes = kWeightBytes + kMaskBytes + kKsize * kTileCols * 8;
+  __device__ static int chunk(int k, int c4) { return c4 ^ ((k >> 1) & 3); }
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradInput::kThreads, 2)
+    conv3x3_min_tanh2_grad_input_kernel(const Elem* __restrict__ g, const float* __restrict__ pre_min,
+                                        const unsigned char* __restrict__ argmin, const Elem* __restrict__ w,
+                                        Elem* __restrict__ dx, int H, int W, int64_t total_steps) {
+  using G = GradInput;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float4* const ws = reinterpret_cast<float4*>(smem);
+  uint64_t* const bad_w = reinterpret_cast<uint64_t*>(smem + G::kWeightBytes);
+  float2* const tile = reinterpret_cast<float2*>(smem + G::kWeightBytes + G::kMaskBytes);  // (gm, k as float)
+  // Staging: thread (k, c) pairs, all nine taps of each (its loads in flight together).
+  constexpr int kPairs = G::kCout * G::kCin, kPairsPerThread = kPairs / G::kThreads;
+  static_assert(kPairs % G::kThreads == 0, "whole pairs per thread");
+#pragma unroll 1
+  for (int r = 0; r < kPairsPerThread; ++r) {
+    const int pair = threadIdx.x + r * G::kThreads, k = pair / G::kCin, c = pair % G::kCin;
+    float v[G::kTaps];
+#pragma unroll
+    for (int tap = 0; tap < G::kTaps; ++tap) v[tap] = convert<float>(w[(k * G::kCin + c) * G::kTaps + tap]);
+#pragma unroll
+    for (int tap = 0; tap < G::kTaps; ++tap) {
+      reinterpret_cast<float*>(ws + (tap * G::kCout + k) * 4 + G::chunk(k, c / 4))[c % 4] = v[tap];
+    }
+  }
+  __syncthreads();
+  bool any_bad = false;
+  for (int e = threadIdx.x; e < G::kEntries; e += blockDim.x) {
+    const int c = e / G::kTaps, tap = e % G::kTaps;
+    uint64_t bad = 0;
+    for (int k = 0; k < G::kCout; ++k) {
+      if (!isfinite(reinterpret_cast<const float*>(ws + (tap * G::kCout + k) * 4 + G::chunk(k, c / 4))[c % 4])) {
+        bad |= 1ull << k;
+      }
+    }
+    bad_w[e] = bad;
+    any_bad |= bad != 0;
+  }
+  any_bad = __syncthreads_or(any_bad);
+
+  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+  const int col_blocks = (W + G::kCols - 1) / G::kCols;
+  int64_t begin, end;
+  step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+  // A step's (gm, k) inputs: output row y - i, column q0 - (kKsize - 1) + t goes to tile[i * kTileCols + t]. Thread
+  // items at = threadIdx.x + u * kThreads; the next step's loads are in flight while this step computes.
+  constexpr int kItems = G::kKsize * G::kTileCols, kPerThread = (kItems + G::kThreads - 1) / G::kThreads;
+  Elem g_next[kPerThread];
+  float m_next[kPerThread];
+  int k_next[kPerThread];
+  const auto load = [&](int64_t step) {
+    const int cb = (int)(step % col_blocks), y = (int)((step / col_blocks) % H);
+    const int64_t n = step / ((int64_t)col_blocks * H);
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, i = at / G::kTileCols;
+      const int oy = y - i, ox = cb * G::kCols - (G::kKsize - 1) + at % G::kTileCols;
+      k_next[u] = G::kNoPixel;
+      if (at < kItems && oy >= 0 && oy < OH && ox >= 0 && ox < OW) {
+        const int64_t pix = (n * OH + oy) * OW + ox;
+        g_next[u] = g[pix];
+        m_next[u] = pre_min[pix];
+        k_next[u] = argmin[pix];
+      }
+    }
+  };
+  if (begin < end) load(begin);
+  for (int64_t s = begin; s < end; ++s) {
+    const int cb = (int)(s % col_blocks);
+    const int y = (int)((s / col_blocks) % H);
+    const int64_t n = s / ((int64_t)col_blocks * H);
+    const int q0 = cb * G::kCols;
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads;
+      if (at < kItems) {
+        const bool inside = k_next[u] != G::kNoPixel;
+        tile[at] = make_float2(inside ? min_grad(convert<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
+      }
+    }
+    __syncthreads();
+    if (s + 1 < end) load(s + 1);
+    const int q = q0 + threadIdx.x;
+    if (q < W) {
+      float acc[G::kCin];
+#pragma unroll
+      for (int c = 0; c < G::kCin; ++c) acc[c] = 0.f;
+#pragma unroll 3
+      for (int tap = 0; tap < G::kTaps; ++tap) {
+        const int i = tap / G::kKsize, j = tap % G::kKsize;
+        const float2 v = tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
+        const int k = __float_as_int(v.y);
+        if (k != G::kNoPixel) {
+          const float4* const row = ws + (tap * G::kCout + k) * 4;
+#pragma unroll
+          for (int c4 = 0; c4 < G::kCin / 4; ++c4) {
+            const float4 wv = row[G::chunk(k, c4)];
+            acc[4 * c4] = fmaf(v.x, wv.x, acc[4 * c4]);
+            acc[4 * c4 + 1] = fmaf(v.x, wv.y, acc[4 * c4 + 1]);
+            acc[4 * c4 + 2] = fmaf(v.x, wv.z, acc[4 * c4 + 2]);
+            acc[4 * c4 + 3] = fmaf(v.x, wv.w, acc[4 * c4 + 3]);
+          }
+        }
+      }
+      if (any_bad) {  // the reference's 0 * W[k', c, i, j] for every k' other than k(p): NaN where that W is not finite
+#pragma unroll 1
+        for (int tap = 0; tap < G::kTaps; ++tap) {
+          const int i = tap / G::kKsize, j = tap % G::kKsize;
+          const int k = __float_as_int(tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
+          const uint64_t others = k == G::kNoPixel ? 0 : ~(1ull << k);
+#pragma unroll
+          for (int c = 0; c < G::kCin; ++c) {
+            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);
+          }
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
+    }
+    __syncthreads();
+  }
+}
+
+// dW[k, c, i, j] = sum over the pixels p whose argmin is k of gm[p] * x[c, p + (i, j)]; db[k] = sum of those gm[p].
+// Each CTA walks its own range of steps (kCols output columns of one row; consecutive steps are consecutive rows of
+// one column strip) and sums into its partial [kCout][kEntries + 1] in shared memory, written out once;
+// grad_weight_reduce_kernel then adds the partials in CTA order. Every sum runs in a fixed order: the same bits
+// from run to run, no atomics on floats. The input rows sit in a ring of kKsize slots (each row is loaded once per
+// strip, and the next step's row and pixels are in flight while this step is summed). Within a step the pixels are
+// sorted by k (stably); walker e (one weight entry (c, i, j), or the bias for e = kEntries) runs through each present
+// k's pixels four at a time into a register, then adds it to the partial.
+struct GradWeight : GradGeometry {
+  static constexpr int kCols = 128, kThreads = 160;
+  static constexpr int kXCols = kCols + kKsize - 1;
+  static constexpr int kXPitch = kXCols + 1;  // 131 = 3 mod 32: the walkers' loads of one pixel spread over the banks
+  static constexpr int kWalkers = kEntries + 1;
+  static constexpr int kPartial = kEntries + 1;
+  static constexpr int kSortWarps = kCols / 32;
+  static constexpr int kRowItems = kCin * kXCols;  // one input row of every channel
+  static constexpr int kRowPerThread = (kRowItems + kThreads - 1) / kThreads;
+  static constexpr int kXBytes = kKsize * kCin * kXPitch * 4;  // [slot][c][kXPitch]
+  static constexpr int kSumBytes = kCout * kPartial * 4;
+  static constexpr int kListBytes = kCols * 8;
+  static constexpr int kHistBytes = (kSortWarps * kCout + kCout + 1 + kCout + 1) * 4;  // hist, start, present k
+  static constexpr int kSmemBytes = kXBytes + kSumBytes + kListBytes + kHistBytes;
+  static_assert(kThreads >= kWalkers && kThreads == 32 * (kSortWarps + 1) && kCout == 64, "layout");
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradWeight::kThreads, 3)
+    conv3x3_min_tanh2_grad_weight_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
+                                         const float* __restrict__ pre_min, const unsigned char* __restrict__ argmin,
+                                         float* __restrict__ partial, int H, int W, int64_t total_steps) {
+  using G = GradWeight;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* const xs = reinterpret_cast<float*>(smem);                                       // [slot][c][kXPitch]
+  float* const sums = reinterpret_cast<float*>(smem + G::kXBytes);                        // [k][kPartial]
+  int2* const list = reinterpret_cast<int2*>(smem + G::kXBytes + G::kSumBytes);           // (t, gm) sorted by k
+  int* const hist = reinterpret_cast<int*>(smem + G::kXBytes + G::kSumBytes + G::kListBytes);  // [warp][k]
+  int* const start = hist + G::kSortWarps * G::kCout;  // [k]; start[kCout] = the step's pixel count
+  int* const present = start + G::kCout + 1;           // the k with pixels, in order; present[kCout] = how many
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
+  // Walker e: its entry (c, i, j), and the channels whose sum met a non-finite input at a pixel of another argmin
+  // (0 * inf or 0 * NaN in the reference's dense sum): NaN at the end.
+  const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
+  uint64_t poisoned = 0;
+
+  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+  const int col_blocks = (OW + G::kCols - 1) / G::kCols;
+  int64_t begin, end;
+  step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+  // Step s: output row oy = s % OH of column strip cb, image n (rows fastest).
+  const auto oy_of = [&](int64_t s) { return (int)(s % OH); };
+  const auto cb_of = [&](int64_t s) { return (int)((s / OH) % col_blocks); };
+  const auto n_of = [&](int64_t s) { return s / ((int64_t)OH * col_blocks); };
+  // Input row y of the strip into registers (row_next), then into its ring slot y % kKsize.
+  float row_next[G::kRowPerThread];
+  // Bit i: this thread stored a non-finite input into ring slot i (it stores the same positions of every row, so the
+  // bit is exact for its part of the row the slot holds now; a row's bit lives as long as the row does).
+  uint32_t bad_slots = 0;
+  const auto load_row = [&](int64_t n, int cb, int y) {
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, c = at / G::kXCols, col = cb * G::kCols + at % G::kXCols;
+      row_next[u] = 0.f;
+      if (at < G::kRowItems && col < W) row_next[u] = convert<float>(x[((n * G::kCin + c) * H + y) * W + col]);
+    }
+  };
+  const auto store_row = [&](int y) {
+    float* const slot = xs + (y % G::kKsize) * G::kCin * G::kXPitch;
+    bool bad = false;
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads;
+      if (at < G::kRowItems) {
+        slot[(at / G::kXCols) * G::kXPitch + at % G::kXCols] = row_next[u];
+        bad |= !isfinite(row_next[u]);
+      }
+    }
+    const uint32_t bit = 1u << (y % G::kKsize);
+    bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;
+  };
+  // The step's pixels (sorting warps, one per thread): raw loads in flight ahead of their use.
+  Elem g_next{};
+  float m_next = 0.f;
+  int k_next = -1;
+  const auto load_pixel = [&](int64_t s) {
+    const int ox = cb_of(s) * G::kCols + threadIdx.x;
+    k_next = -1;
+    if (warp < G::kSortWarps && ox < OW) {
+      const int64_t pix = (n_of(s) * OH + oy_of(s)) * OW + ox;
+      g_next = g[pix];
+      m_next = pre_min[pix];
+      k_next = argmin[pix];
+    }
+  };
+  if (begin < end) load_pixel(begin);
+  for (int64_t s = begin; s < end; ++s) {
+    const int oy = oy_of(s), cb = cb_of(s);
+    const int64_t n = n_of(s);
+    const int count = min(G::kCols, OW - cb * G::kCols);
+    if (s == begin || oy == 0) {  // a new strip: its window's three rows
+      for (int i = 0; i < G::kKsize; ++i) {
+        load_row(n, cb, oy + i);
+        store_row(oy + i);
+      }
+    }
+    // Sort: each sorting warp counts its 32 pixels per k (one match per value), the counts give every k's start,
+    // and a pixel's place is its k's start, the pixels of that k in earlier warps, and the lanes below it.
+    for (int at = threadIdx.x; at < G::kSortWarps * G::kCout; at += blockDim.x) hist[at] = 0;
+    __syncthreads();
+    const int k = k_next;
+    const float gm = k >= 0 ? min_grad(convert<float>(g_next), m_next) : 0.f;
+    int below = 0;
+    if (warp < G::kSortWarps) {
+      const unsigned peers = __match_any_sync(0xffffffffu, k);
+      below = __popc(peers & ((1u << lane) - 1));
+      if (k >= 0 && below == 0) hist[warp * G::kCout + k] = __popc(peers);
+    }
+    // A non-finite input anywhere in the step's window (its three rows, whenever they were stored).
+    const bool bad_x = __syncthreads_or(bad_slots != 0);
+    if (warp == G::kSortWarps) {  // start[k], the exclusive prefix of the counts; the present k, in order
+      int c0 = 0, c1 = 0;
+#pragma unroll
+      for (int w = 0; w < G::kSortWarps; ++w) {
+        c0 += hist[w * G::kCout + 2 * lane];
+        c1 += hist[w * G::kCout + 2 * lane + 1];
+      }
+      int incl = c0 + c1;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += up;
+      }
+      start[2 * lane] = incl - c0 - c1;
+      start[2 * lane + 1] = incl - c1;
+      const unsigned has0 = __ballot_sync(0xffffffffu, c0 > 0), has1 = __ballot_sync(0xffffffffu, c1 > 0);
+      const unsigned lower = (1u << lane) - 1;
+      const int at = __popc(has0 & lower) + __popc(has1 & lower);
+      if (c0 > 0) present[at] = 2 * lane;
+      if (c1 > 0) present[at + (c0 > 0)] = 2 * lane + 1;
+      if (lane == 31) {
+        start[G::kCout] = incl;
+        present[G::kCout] = __popc(has0) + __popc(has1);
+      }
+    }
+    __syncthreads();
+    if (k >= 0) {
+      int place = start[k] + below;
+      for (int w = 0; w < warp; ++w) place += hist[w * G::kCout + k];
+      list[place] = make_int2(threadIdx.x, __float_as_int(gm));
+    }
+    __syncthreads();
+    // The next step's row and pixels, in flight while this step is summed.
+    const bool next_continues = s + 1 < end && oy + 1 < OH;
+    if (next_continues) load_row(n, cb, oy + G::kKsize);
+    if (s + 1 < end) load_pixel(s + 1);
+    if (e < G::kWalkers) {
+      const bool is_bias = e == G::kEntries;
+      const float* const my_x = xs + ((oy + walker_i) % G::kKsize * G::kCin + walker_c) * G::kXPitch + walker_j;
+      const int kinds = present[G::kCout];
+      for (int q = 0; q < kinds; ++q) {
+        const int kk = present[q], to = start[kk + 1];
+        float acc = 0.f;
+        int at = start[kk];
+        for (; at + 4 <= to; at += 4) {
+          int2 item[4];
+          float xv[4];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) item[u] = list[at + u];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) xv[u] = is_bias ? 1.f : my_x[item[u].x];
+#pragma unroll
+          for (int u = 0; u < 4; ++u) acc = fmaf(__int_as_float(item[u].y), xv[u], acc);
+          if (bad_x) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) poisoned |= isfinite(xv[u]) ? 0 : ~(1ull << kk);
+          }
+        }
+        for (; at < to; ++at) {
+          const int2 item = list[at];
+          const float xv = is_bias ? 1.f : my_x[item.x];
+          acc = fmaf(__int_as_float(item.y), xv, acc);
+          if (bad_x && !isfinite(xv)) poisoned |= ~(1ull << kk);
+        }
+        sums[kk * G::kPartial + e] += acc;
+      }
+    }
+    __syncthreads();  // the walk is done with row oy's slot
+    if (next_continues) store_row(oy + G::kKsize);
+  }
+  if (e < G::kEntries) {
+    for (int kk = 0; kk < G::kCout; ++kk) {
+      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
+    }
+  }
+  __syncthreads();
+  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
+  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+}
+
+// The partials of `blocks` CTAs added in CTA order; dw [k][entries] and db [k] (either may be null) in Elem.
+template <class Elem>
+__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kernel(const float* __restrict__ partial,
+                                                                                  int blocks, Elem* __restrict__ dw,
+                                                                                  Elem* __restrict__ db) {
+  using G = GradWeight;
+  const int at = blockIdx.x * blockDim.x + threadIdx.x;
+  if (at >= G::kCout * G::kPartial) return;
+  double sum = 0.0;  // in double: a few hundred partials, some of which cancel
+  for (int b = 0; b < blocks; ++b) sum += partial[(int64_t)b * G::kCout * G::kPartial + at];
+  const int k = at / G::kPartial, e = at % G::kPartial;
+  if (e < G::kEntries) {
+    if (dw) dw[k * G::kEntries + e] = convert<Elem>(sum);
+  } else if (db) {
+    db[k] = convert<Elem>(sum);
+  }
+}
+
+}  // namespace kb25

@@ -1,0 +1,282 @@
+// The wgmma epilogue: the min over 64 channels, tanh, tanh and the store of a step.
+#pragma once
+
+#include "mainloop_wgmma.cuh"
+
+namespace kb25 {
+
+// ================================================================ epilogues
+// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
+
+// wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
+// 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values. Two halves: reduce() reads
+// the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
+// barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
+// Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
+// every thread reaches after reading it.
+// - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
+//   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
+//   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
+//   4 warps' minima meet in the buffer, its rows skewed per 32 pixels (kSkew) so that the stores do not collide in a
+//   bank; the write takes the min over the 4 for each of its pixels.
+// - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word, then one
+//   butterfly step (lanes xor 4: lane groups g and g ^ 1, each keeping half of the blocks). Each warp stores them with
+//   stmatrix, transposed, so that a 16-byte row holds the 4 group pairs' minima of two pixels kTileCols / 2 apart;
+//   the write takes the min over those 4 warps x 4 words, both pixels at once. Against the full butterfly: 16
+//   shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the MMAs' wait and the next
+//   issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md,
+//   25a: staged with no butterfly step, 8 stores and 8 loads; 26a: the one step, half the staged bytes).
+template <class Mainloop, bool kSave, class Schedule>
+struct WgmmaEpilogue {
+  using Geometry = typename Mainloop::Geometry;
+  static constexpr int kTileCols = Geometry::kTileCols;
+  static constexpr int kNBlocks = Mainloop::kNBlocks;
+  static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
+  using Precision = typename Geometry::Precision;
+  using Elem = typename Geometry::Elem;
+  // 16-bit, not saving: minima rounded to the element type, two to a word (Precision::pack2 / min2), staged.
+  static constexpr bool kPacked = !kSave && Schedule::kHanded;
+  static_assert(!Schedule::kHanded || sizeof(Elem) == 2, "packed minima are 16-bit");
+  // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
+  // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
+  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
+  // channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
+  static constexpr int kSkew = kFinal != 8 ? 8 : 4;
+  static constexpr int kRedPitch = kTileCols + kTileCols / 32 * kSkew;
+  static constexpr int kBufferFloats = 4 * kRedPitch;
+  // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
+  static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
+  // A staged buffer: 16 bytes a pixel pair (p, p + kTileCols / 2) and warp.
+  static constexpr int kStageBytes = kTileCols / 2 * 4 * 16;
+  // kHandsOff (the packed kernels): the consumer only stages a step's minima; its producer threads write the step
+  // (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have staged
+  // it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer writes
+  // each step itself under the next step's MMAs, from two buffers.
+  static constexpr bool kHandsOff = kPacked;
+  static constexpr int kStages = Schedule::kBuffers;
+  static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
+  // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
+  static constexpr int kSmemBytes =
+      Schedule::kHanded && kStages * kStageBytes > kButterflyBytes ? kStages * kStageBytes : kButterflyBytes;
+  static_assert(kFinal % 2 == 0, "float2 stores");
+  float* const red;
+  unsigned char* const red_channel;
+  uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
+  const int barrier_id, ctid;
+  int turn = 0;
+  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
+      : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
+        barrier_id(1 + consumer), ctid(ctid_) {}
+  __device__ uint64_t* stage_full(uint32_t j) const { return stage_bars + 2 * (j % kStages); }
+  __device__ uint64_t* stage_empty(uint32_t j) const { return stage_full(j) + 1; }
+  __device__ const unsigned char* stage_buffer(uint32_t j) const {
+    return reinterpret_cast<const unsigned char*>(red) + (j % kStages) * kStageBytes;
+  }
+  __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
+  // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
+  // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
+  // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
+  // 168 registers and spilled 4 bytes (docs/perf-notes.md, 19c, 19g).
+  static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
+  static constexpr int kBits = 32 / kPer;
+  static constexpr uint32_t kMask = (1u << kBits) - 1;
+  static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;
+  __device__ static uint32_t channel_of(uint32_t word, int e) { return (word >> kBits * e) & kMask; }
+  template <int kHalf>
+  __device__ static void fold(float (&v)[2 * kNBlocks], uint32_t (&ch)[kChannelWords], bool upper, int lane_mask) {
+    static_assert(!kSave || kHalf % kPer == 0, "whole channel words");
+#pragma unroll
+    for (int i = 0; i < kHalf; i += kPer) {
+      uint32_t send_ch = 0, keep_ch = 0, got_ch = 0, kept_ch = 0;
+      if constexpr (kSave) {
+        send_ch = upper ? ch[i / kPer] : ch[(i + kHalf) / kPer];
+        keep_ch = upper ? ch[(i + kHalf) / kPer] : ch[i / kPer];
+        got_ch = __shfl_xor_sync(0xffffffffu, send_ch, lane_mask);
+      }
+#pragma unroll
+      for (int e = 0; e < kPer && i + e < kHalf; ++e) {
+        const float send = upper ? v[i + e] : v[i + e + kHalf], keep = upper ? v[i + e + kHalf] : v[i + e];
+        const float got = __shfl_xor_sync(0xffffffffu, send, lane_mask);
+        if constexpr (kSave) {
+          float kept = keep;
+          int channel = channel_of(keep_ch, e);
+          keep_min(kept, channel, got, channel_of(got_ch, e));
+          v[i + e] = kept;
+          kept_ch |= (uint32_t)channel << kBits * e;
+        } else {
+          v[i + e] = nan_min(keep, got);
+        }
+      }
+      if constexpr (kSave) ch[i / kPer] = kept_ch;
+    }
+  }
+
+  // What a reduced step keeps in registers until its write: nothing, its partial minima wait in shared memory.
+  struct Partial {};
+  // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
+  // minima packed, folded once across lane pairs and staged, or the butterfly and the warp's minima (and their
+  // channels within the warp, kSave), into this step's buffer.
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) {
+    const int lane = ctid & 31, warp = ctid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
+    if constexpr (kPacked) {
+      uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1, lane group g
+#pragma unroll
+      for (int j = 0; j < kNBlocks; ++j)
+        v[j] = Precision::pack2(nan_min(acc[j][0], acc[j][2]), nan_min(acc[j][1], acc[j][3]));
+      // One fold over lane groups g and g ^ 1 (lane xor 4): odd g keeps the upper half of the blocks, even g the
+      // lower; u[k] is block kHalf (g & 1) + k's minima over the two groups.
+      constexpr int kHalf = kNBlocks / 2;
+      const bool upper = g & 1;
+      uint32_t u[kHalf];
+#pragma unroll
+      for (int k = 0; k < kHalf; ++k) {
+        const uint32_t send = upper ? v[k] : v[k + kHalf], keep = upper ? v[k + kHalf] : v[k];
+        u[k] = Precision::min2(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+      }
+      // Store s takes u[4s + q] as matrix q: its row i holds, for pair p = 8(4s + q) + i, the even lane groups'
+      // minima of pixel p and the odd ones' of pixel p + kHalf * 8 (word m: groups 2m, 2m + 1 of both), stored at
+      // stage_offset(p, warp); lane 8q + i gives that address, 2048 s bytes on from store 0's.
+      const int q = lane >> 3, i = lane & 7;
+      // The buffer free again: its last step written (by the producer threads; on a fresh barrier the first
+      // kStages pass).
+      mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);
+      const uint32_t at = smem_u32(stage_buffer(staged)) + stage_offset(8 * q + i, warp);
+#pragma unroll
+      for (int s = 0; s < kHalf / 4; ++s)
+        stmatrix_x4_trans(at + s * 2048, u[4 * s], u[4 * s + 1], u[4 * s + 2], u[4 * s + 3]);
+      mbarrier_arrive(stage_full(staged));
+      ++staged;
+    } else {
+      reduce_unpacked(acc, g, t, warp, first);
+    }
+    return {};
+  }
+  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first) const {
+    float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
+    uint32_t ch[kChannelWords];
+#pragma unroll
+    for (int j = 0; j < kNBlocks; ++j) {
+      const float(&a)[4] = acc[j];
+      if constexpr (kSave) {
+        if ((2 * j) % kPer == 0) ch[2 * j / kPer] = 0;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          int channel = g;
+          v[2 * j + e] = a[e];
+          keep_min(v[2 * j + e], channel, a[e + 2], g + 8);
+          ch[(2 * j + e) / kPer] |= (uint32_t)channel << kBits * ((2 * j + e) % kPer);
+        }
+      } else {
+        v[2 * j] = nan_min(a[0], a[2]);
+        v[2 * j + 1] = nan_min(a[1], a[3]);
+      }
+    }
+    // Step b (lane bit 2 + b): lanes with g bit b set keep the upper half. After the three steps v[i] holds value
+    // i + kFinal * (bit2 + 2 * bit1 + 4 * bit0) of the start, with bit_b = (g >> b) & 1.
+    fold<kNBlocks>(v, ch, g & 1, 4);
+    fold<kNBlocks / 2>(v, ch, (g >> 1) & 1, 8);
+    fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);
+    float* const row = red + turn * kBufferFloats + warp * kRedPitch;
+    unsigned char* const row_ch = red_channel + turn * kBufferFloats + warp * kRedPitch;
+#pragma unroll
+    for (int i = 0; i < kFinal; i += 2) {
+      const int pixel = 8 * ((first + i) / 2) + 2 * t;
+      *reinterpret_cast<float2*>(row + skewed(pixel)) = make_float2(v[i], v[i + 1]);
+      if constexpr (kSave) {  // the two pixels' channels, a byte each
+        const uint32_t w = ch[i / kPer] >> kBits * (i % kPer);
+        *reinterpret_cast<uint16_t*>(row_ch + skewed(pixel)) = (uint16_t)((w & kMask) | ((w >> kBits) & kMask) << 8);
+      }
+    }
+  }
+  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
+  // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
+  // kWarpgroup in the high), and a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
+  // stored as one word, against one pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and
+  // stores was 1.5% slower, so it keeps the loop: docs/perf-notes.md, 21b. Its loads are the staged chunks since v25,
+  // its pixels kWarpgroup apart since v26.)
+  static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
+  // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
+  // chunks in it permuted by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
+  // distinct 16-byte bank groups, and so do a quarter-warp's loads in the write (8 consecutive pairs, chunk k ^ (p
+  // >> 1) of each in trip k).
+  __host__ __device__ static constexpr int stage_offset(int p, int w) { return 64 * p + 16 * ((w ^ (p >> 1)) & 3); }
+  __host__ __device__ static constexpr bool stores_2048_apart() {
+    for (int p = 0; p < 32; ++p)
+      for (int w = 0; w < 4; ++w)
+        if (stage_offset(p + 32, w) != stage_offset(p, w) + 2048) return false;
+    return true;
+  }
+  static_assert(kNBlocks % 8 == 0 && stores_2048_apart(), "a stmatrix store's rows 2048 bytes on from the last's");
+  __device__ static void write_pair(const unsigned char* buffer, const RowOut<Elem>& dst, int col0, int OW, int p) {
+    const int col = col0 + p;
+    if (col >= OW) return;
+    // The pair's 4 chunks, chunk k ^ (p >> 1) in trip k (which warp is which does not matter to the min).
+    const unsigned char* const pair = buffer + 64 * p;
+    uint4 x[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) x[k] = *reinterpret_cast<const uint4*>(pair + 16 * ((k ^ (p >> 1)) & 3));
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      x[k].x = Precision::min2(x[k].x, x[k + 1].x);
+      x[k].y = Precision::min2(x[k].y, x[k + 1].y);
+      x[k].z = Precision::min2(x[k].z, x[k + 1].z);
+      x[k].w = Precision::min2(x[k].w, x[k + 1].w);
+    }
+    const uint32_t m = Precision::min2(Precision::min2(Precision::min2(x[0].x, x[2].x), Precision::min2(x[0].y, x[2].y)),
+                                       Precision::min2(Precision::min2(x[0].z, x[2].z), Precision::min2(x[0].w, x[2].w)));
+    Elem e[2];
+    memcpy(e, &m, sizeof(m));
+    dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[0])));
+    if (col + Geometry::kWarpgroup < OW)
+      dst.out[col + Geometry::kWarpgroup] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[1])));
+  }
+  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it, the
+  // pairs p = ptid, ptid + kPairsApart, ... each.
+  template <int kPairsApart>
+  __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
+    mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
+    const unsigned char* const buffer = stage_buffer(staged);
+#pragma unroll
+    for (int p = ptid; p < kTileCols / 2; p += kPairsApart) write_pair(buffer, dst, col0, OW, p);
+    mbarrier_arrive(stage_empty(staged));
+    ++staged;
+  }
+  // The rest, which the consumer runs while the next step's MMAs are in flight: once all 4 warps have written, the
+  // min over them (warp w holds channels 16w..16w+15), tanh, tanh and the store.
+  __device__ void write(const Partial&, const RowOut<typename Geometry::Elem>& dst, int col0, int OW) {
+    if constexpr (!kHandsOff) {  // (kHandsOff: the producer's threads write the step)
+      float* const buffer = red + turn * kBufferFloats;
+      const unsigned char* const buffer_ch = red_channel + turn * kBufferFloats;
+      turn ^= 1;
+      named_barrier<Geometry::kWarpgroup>(barrier_id);
+      // Saving runs one pixel a trip: the next step's accumulators are live here and leave no register to spare.
+#pragma unroll(kSave ? 1 : kTileCols / Geometry::kWarpgroup)
+      for (int p = ctid; p < kTileCols; p += Geometry::kWarpgroup) {
+        const int col = col0 + p;
+        if (col < OW) {
+          const int at = skewed(p);
+          float m;
+          if constexpr (kSave) {
+            m = buffer[at];
+            int channel = buffer_ch[at];
+#pragma unroll
+            for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
+            dst.argmin[col] = (unsigned char)channel;
+            dst.pre_min[col] = m;
+            // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
+            if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));
+          } else {  // fp32 minima (the packed ones take write_pair)
+            m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                        nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+          }
+          dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
+        }
+      }
+    }
+  }
+};
+
+}  // namespace kb25

@@ -1,0 +1,324 @@
+// The fused kernel: conv on tensor cores, bias, min over channels, tanh, tanh, in one pass.
+#pragma once
+
+#include "traits.cuh"
+
+namespace kb25 {
+
+// A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
+// land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
+// writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
+template <class Traits, bool kVec16, class Writer>
+__device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
+                                             const typename Traits::Elem* __restrict__ x, int H, int W,
+                                             const typename Traits::Ring& ring, Writer& writer) {
+  typename Traits::Producer::Row row;
+  for (uint32_t d = 0; ahead.valid(); ++d) {
+    const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
+    const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
+    const bool step_starts = ahead.r == 0;
+    ahead.next();
+    if constexpr (kVec16) producer.load(row, x_img, y, col0);
+    if (step_starts) writer.step();
+    ring.acquire(d);
+    if constexpr (kVec16) {
+      producer.store(row, ring.slot(d), x_img, y, col0);
+    } else {
+      producer.copy_by_element(x_img, y, col0, ring.slot(d));
+    }
+    ring.commit(d);
+  }
+  writer.drain();
+}
+
+// Where the consumer writes its own steps (Epilogue::kHandsOff false): nothing for the producer to write.
+struct NoWrites {
+  __device__ void step() {}
+  __device__ void drain() {}
+};
+
+// Epilogue::kHandsOff: a producer thread also writes its consumer's steps, in order, kLag steps behind the rows it
+// stores (step j at step j + kLag's first row, while that row's loads are in flight), and the last kLag after its
+// last row. It waits for the consumer to have staged step j; the consumer stages step j + kStages into the same
+// buffer only after it has received step j + kLag's rows (kLag <= kStages), which the producer stores after writing
+// step j, so the consumer's wait for the buffer never waits (it states the order the ring already gives). kLag 1
+// starves the consumer: the producer stores step k's row only once the consumer has staged step k - 1 (+7%); 2 ran
+// 0.7-0.8% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower than 3
+// (docs/perf-notes.md, "Epilogue and the handed write"). kLag 0 would deadlock: step k's row would wait for step k
+// to be staged.
+template <class Traits>
+struct HandedWrites {
+  using Elem = typename Traits::Elem;
+  using Epilogue = typename Traits::Epilogue;
+  static constexpr uint32_t kLag = 2;
+  static_assert(kLag >= 1 && kLag <= Epilogue::kStages,
+                "a row stored before its step is waited for, a buffer written before it is staged into again");
+  Epilogue epilogue;
+  StepWalker at;  // the next step to write
+  uint32_t seen = 0;
+  const uint32_t steps;
+  Elem* const out;
+  const int OH, OW, ptid;
+  __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
+                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks)
+      : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
+        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_) {}
+  __device__ void write() {
+    const RowOut<Elem> dst{out + (at.n * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
+    at.advance();
+  }
+  __device__ void step() {
+    if (seen++ >= kLag) write();
+  }
+  __device__ void drain() {
+    while (epilogue.staged < steps) write();
+  }
+};
+
+// The rows of a self-fed consumer (Traits::kSelfFed): window() loads (at a strip's start) and names the step's three
+// slots, release_oldest() runs once the MMAs have read the window's oldest row, end_step() once they have read all of
+// it. The consumer warpgroup loads its own rows into the window's three slots, no mbarriers. At a strip's start it
+// fills all three; then each step, once every warp has read the window's oldest
+// row (the named barrier in release_oldest, which also publishes the row stored one step before), it stores the
+// next step's new row, loaded into registers a step ahead, into that slot, and issues the loads of the row after it.
+// Aligned rows (kVec16) take no branch there, so ptxas can interleave the stores with the MMAs that follow: where no
+// step of this strip follows, the row goes to a slot that the next window refills, and loads past the image's last
+// row read that row instead. 3xTF32 keeps a branch there: without it, ptxas for sm_100 spills.
+template <class Traits, bool kVec16>
+struct SelfFeed {
+  using Elem = typename Traits::Elem;
+  static constexpr int kK = Traits::kKsize;
+  static constexpr bool kBranch = Traits::Precision::Multiply::kCopies == 2;
+  const typename Traits::Producer& producer;
+  const Elem* const x;
+  const int H, W, barrier_id;
+  unsigned char* const slots;
+  const Elem* x_img;
+  uint32_t rows;  // rows stored so far: the window is rows - 3 .. rows - 1
+  typename Traits::Producer::Row next;  // kVec16: the next step's new row, in flight
+  __device__ SelfFeed(const typename Traits::Producer& producer_, const Elem* x_, int H_, int W_, int consumer,
+                      unsigned char* slots_)
+      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), x_img(x_), rows(0) {}
+  __device__ unsigned char* slot(uint32_t d) const { return slots + (d % kK) * Traits::kSlotBytes; }
+  __device__ void window(const StepWalker& at, int col0, bool strip_starts, unsigned char* (&w)[3]) {
+    x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
+    if (strip_starts) {  // a new window: every warp is done with the old one, then all three rows
+      named_barrier<Traits::kWarpgroup>(barrier_id);
+      for (int i = 0; i < kK; ++i, ++rows) {
+        if constexpr (kVec16) {
+          producer.load(next, x_img, at.oy + i, col0);
+          producer.store(next, slot(rows), x_img, at.oy + i, col0);
+        } else {
+          producer.copy_by_element(x_img, at.oy + i, col0, slot(rows));
+        }
+      }
+      named_barrier<Traits::kWarpgroup>(barrier_id);
+      if constexpr (kVec16) producer.load(next, x_img, min(at.oy + kK, H - 1), col0);
+    }
+    for (int i = 0; i < 3; ++i) w[i] = slot(rows - 3 + i);
+  }
+  __device__ void release_oldest(const StepWalker& at, int col0, bool strip_ends) {
+    named_barrier<Traits::kWarpgroup>(barrier_id);
+    if constexpr (kVec16) {
+      if (kBranch && strip_ends) return;
+      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);
+      producer.load(next, x_img, min(at.oy + kK + 1, H - 1), col0);
+    } else if (!strip_ends) {  // the next step goes on down this strip: it needs row oy + 3
+      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));
+    }
+  }
+  __device__ void end_step(bool strip_ends) { rows += !strip_ends; }
+};
+
+// A self-fed consumer's walk over its steps [begin, end): take the step's window from the feed, issue the MMAs over
+// it, write the previous step while the tail of the tensor pipe's queue drains, let the feed refill the oldest slot
+// once the MMAs have read it, and reduce the step. The producer-fed consumers (in the kernel) walk their steps the
+// same way with their ring; their loop stays written out there: expressed through this function, with the ring as a
+// feed, ptxas scheduled sm90_tf32x3 differently and it ran 7% slower (1.098 against 1.023 ms; docs/perf-notes.md,
+// "3xTF32").
+template <class Traits, bool kSave, class Feed>
+__device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
+                                              const typename Traits::Elem* __restrict__ b,
+                                              typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
+                                              float* __restrict__ pre_min, int OH, int OW, int col_blocks,
+                                              unsigned char* consumer_smem, unsigned char* shared) {
+  using Elem = typename Traits::Elem;
+  typename Traits::Mainloop mainloop(shared, b, ctid);
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
+  Epilogue epilogue(consumer_smem + Traits::kRingBytes, c, ctid);
+  StepWalker at(begin, OH, col_blocks);
+  // The previous step, reduced but not yet written.
+  typename Epilogue::Partial pending;
+  int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
+  int pending_col0 = 0;
+  const auto row_out = [&](int64_t row) {
+    return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
+  };
+  const int steps = (int)(end - begin);  // a consumer's range is a few hundred steps
+  for (int i = 0; i < steps; ++i, at.advance()) {
+    const int col0 = at.cb * Traits::kTileCols;
+    const bool strip_ends = i + 1 == steps || at.oy + 1 == OH;
+    unsigned char* window[3];
+    feed.window(at, col0, i == 0 || at.oy == 0, window);
+    typename Traits::Mainloop::Accum acc;
+    // The MMAs have read the window's oldest row (no later step uses it): the mainloop calls this once per step, as
+    // soon as it may.
+    const auto release_oldest = [&] { feed.release_oldest(at, col0, strip_ends); };
+    mainloop.start(acc, window, col0, OW, release_oldest, [] {});  // the feed has stored the whole window
+    if (i != 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+    mainloop.finish(acc, release_oldest);
+    feed.end_step(strip_ends);
+    pending = epilogue.reduce(acc);
+    pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+    pending_col0 = col0;
+  }
+  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+}
+
+// Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
+// produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
+// there (handed write schedule: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for
+// the step's new rows, issue the MMAs over the 3-row window (wgmma TF32 and 16-bit: those over the two older rows
+// before waiting for the newest), write the previous step while they run (handed inference: no write, its producer
+// threads do it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without
+// producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
+template <class Traits, bool kSave>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
+                             const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
+                             unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
+                             int64_t total_steps) {
+  if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
+    using Elem = typename Traits::Elem;
+    using Ring = typename Traits::Ring;
+    extern __shared__ __align__(128) unsigned char smem[];
+    // Traits::SharedStorage's members, by their offsets.
+    unsigned char* const shared = smem + Traits::kSharedOffset;
+    uint64_t* const barriers = reinterpret_cast<uint64_t*>(smem + Traits::kBarrierOffset);
+    auto ring = [&](int c) { return Ring{smem + c * Traits::kConsumerBytes, barriers + c * Traits::kRing * 2}; };
+    uint64_t* const stage_bars = reinterpret_cast<uint64_t*>(smem + Traits::kStageBarrierOffset);
+    constexpr int kStagePairs = Traits::Epilogue::kHandOffStages;
+    if (!Traits::kSelfFed && threadIdx.x == 0) {
+      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
+      for (int i = 0; i < Traits::kConsumers * kStagePairs; ++i) {
+        mbarrier_init(stage_bars + 2 * i, Traits::kWarpgroup);
+        mbarrier_init(stage_bars + 2 * i + 1, Traits::kProducerThreads);
+      }
+    }
+    Traits::Mainloop::template stage_shared<Traits::kThreads>(shared, w, b);
+    __syncthreads();
+
+    const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+    // Consumer c of this CTA takes steps [begin, end) of the grid's kConsumers * gridDim.x ranges.
+    const auto consumer_range = [&](int c, int64_t& begin, int64_t& end) {
+      step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
+                 begin, end);
+    };
+    const int col_blocks = Traits::col_blocks(OW);
+    if constexpr (Traits::kSelfFed) {
+      const int c = threadIdx.x / Traits::kWarpgroup, ctid = threadIdx.x % Traits::kWarpgroup;
+      int64_t begin, end;
+      consumer_range(c, begin, end);
+      const typename Traits::Producer producer(x, H, W, ctid);
+      const auto consume = [&](auto& feed) {
+        consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
+                                     smem + c * Traits::kConsumerBytes, shared);
+      };
+      if (producer.vec16) {
+        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        consume(feed);
+      } else {
+        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        consume(feed);
+      }
+    } else if (threadIdx.x < Traits::kProducers) {
+      const int c = threadIdx.x / Traits::kProducerThreads;
+      int64_t begin, end;
+      consumer_range(c, begin, end);
+      const int ptid = threadIdx.x % Traits::kProducerThreads;
+      const typename Traits::Producer producer(x, H, W, ptid);
+      const RowCursor rows(begin, end, OH, col_blocks);
+      const auto produce = [&](auto& writer) {
+        if (producer.vec16) {
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer);
+        } else {
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer);
+        }
+      };
+      if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
+        HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
+                                    begin, end, out, OH, OW, col_blocks);
+        produce(writer);
+      } else {
+        NoWrites writer;
+        produce(writer);
+      }
+    } else {
+      // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the
+      // handed write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x
+      // (SR_TID.X) at each step's top, where the read's latency sat between the reduce and the next step's first MMA
+      // (the TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather
+      // than a branch around them.
+      constexpr bool kHandedInference = Traits::Schedule::kHanded && !kSave;
+      unsigned tid = threadIdx.x;
+      if constexpr (kHandedInference) asm volatile("" : "+r"(tid));
+      const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;
+      const int ctid = (tid - Traits::kProducers) % Traits::kWarpgroup;
+      int64_t begin, end;
+      consumer_range(c, begin, end);
+      const Ring rows_in = ring(c);
+      typename Traits::Mainloop mainloop(shared, b, ctid);
+      using Epilogue = typename Traits::template EpilogueFor<kSave>;
+      Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid, stage_bars + 2 * kStagePairs * c);
+      StepWalker at(begin, OH, col_blocks);
+      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
+      // so the tensor cores do not idle through the epilogue (16-bit inference: the producer's threads write it). No
+      // MMA stays in flight across the loop's back edge.
+      typename Epilogue::Partial pending;
+      int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
+      int pending_col0 = 0;
+      const auto row_out = [&](int64_t row) {
+        return RowOut<Elem>{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
+      };
+      for (int64_t s = begin; s < end; ++s, at.advance()) {
+        // The step's new rows; with kWaitsForNewest the newest is waited for inside start(), where its MMAs begin.
+        const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
+        const int now = Traits::Mainloop::kWaitsForNewest ? fresh - 1 : fresh;
+        for (int i = 0; i < now; ++i, ++rows) rows_in.wait(rows);
+        rows += fresh - now;
+        const uint32_t newest = rows - 1;
+        const bool strip_ends = s + 1 == end || at.oy + 1 == OH;
+        typename Traits::Mainloop::Accum acc;
+        unsigned char* const window[3] = {rows_in.slot(rows - 3), rows_in.slot(rows - 2), rows_in.slot(rows - 1)};
+        const int col0 = at.cb * Traits::kTileCols;
+        // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
+        // once per step, as soon as it may.
+        const auto release_oldest = [&] { rows_in.release(rows - 3); };
+        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+        mainloop.finish(acc, release_oldest);
+        // At a strip's end the next step starts a new window: free the other two rows as well (16-bit inference: by
+        // predicated arrivals rather than a branch around them).
+        if constexpr (kHandedInference) {
+          rows_in.release_if(strip_ends, rows - 2);
+          rows_in.release_if(strip_ends, rows - 1);
+        } else if (strip_ends) {
+          rows_in.release(rows - 2);
+          rows_in.release(rows - 1);
+        }
+        pending = epilogue.reduce(acc);
+        pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+        pending_col0 = col0;
+      }
+      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
+    }
+  } else {
+    // Compiled out for this arch (no such MMA, or more shared memory than it gives a block): the chooser never picks
+    // it here; were it launched all the same, fail loudly rather than leave the output unwritten.
+    __trap();
+  }
+}
+
+}  // namespace kb25

@@ -1,0 +1,254 @@
+// The CUDA translation unit (no torch headers: plain nvcc compiles it): the kernels, and their launchers on raw
+// pointers and the current stream, declared in generated/config.h for the C++ op.
+#include <atomic>
+#include <mutex>
+
+#include "backward.cuh"
+#include "fused_kernel.cuh"
+#include "min_epilogue.cuh"
+
+// Launchers: raw pointers, the current stream.
+
+namespace kb25 {
+// What a fused kernel needs of a GPU, from its traits: can_implement() says no before anything launches.
+struct FusedRequirements {
+  int min_sm;  // major * 10 + minor
+  bool wgmma;  // sm_90 exactly, code built for sm_90a
+  int smem_bytes;
+};
+template <class Traits>
+constexpr FusedRequirements requirements_of() {
+  return {Traits::kUsesWgmma ? 90 : 80, Traits::kUsesWgmma, Traits::kSmemBytes};
+}
+}  // namespace kb25
+
+// Whether a GPU described by `device` can launch it: the arch, the MMA, and the shared memory a block may opt in to.
+static bool can_implement(const kb25::FusedRequirements& r, const kb25::DeviceProfile& device) {
+  if (r.wgmma && !(device.sm == 90 && device.wgmma_built)) return false;
+  return device.sm >= r.min_sm && r.smem_bytes <= device.smem_optin;
+}
+
+// Opting in to more than 48 KB of shared memory is per device and sticks: once per device and kernel, by the first
+// thread that launches it there (the others wait at the mutex); a failed opt-in is tried again next time.
+template <auto kKernel>
+static cudaError_t opt_in_shared_memory(int bytes) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> opted_in[kMaxDevices];
+  static std::mutex opt_in_mutex;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  auto opt_in = [&] { return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); };
+  if (device >= kMaxDevices) return opt_in();
+  if (!opted_in[device].load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(opt_in_mutex);
+    if (!opted_in[device].load(std::memory_order_relaxed)) {
+      err = opt_in();
+      if (err == cudaSuccess) opted_in[device].store(true, std::memory_order_release);
+    }
+  }
+  return err;
+}
+
+// How many CTAs of a kernel fit on one SM at once (its shared memory opted in first): asked once per device.
+template <auto kKernel>
+static cudaError_t resident_ctas_per_sm(int threads, int smem_bytes, int* per_sm) {
+  cudaError_t err = opt_in_shared_memory<kKernel>(smem_bytes);
+  if (err != cudaSuccess) return err;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet
+  int device = 0;
+  err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && (*per_sm = known[device].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kKernel, threads, smem_bytes);
+  if (err != cudaSuccess) return err;
+  if (*per_sm < 1) *per_sm = 1;
+  if (device < kMaxDevices) known[device].store(*per_sm, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+template <class Traits, bool kSave>
+static cudaError_t launch_fused_variant(const void* x, const void* w, const void* b, void* out, void* argmin,
+                                        float* pre_min, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+  using Elem = typename Traits::Elem;
+  const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+  const int64_t steps = N * Traits::col_blocks(OW) * OH;
+  if (steps <= 0) return cudaSuccess;
+  constexpr auto kernel = kb25::conv3x3_min_tanh2_kernel<Traits, kSave>;
+  const cudaError_t err = opt_in_shared_memory<kernel>(Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int grid = (int)(steps < num_sms ? steps : num_sms);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
+      static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      static_cast<unsigned char*>(argmin), pre_min, H, W, steps);
+  return cudaGetLastError();
+}
+
+// argmin and pre_min both null: the inference variant; both set: the one that saves them for the backward.
+template <class Traits>
+static cudaError_t launch_fused(const void* x, const void* w, const void* b, void* out, void* argmin, float* pre_min,
+                                int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+  if ((argmin == nullptr) != (pre_min == nullptr)) return cudaErrorInvalidValue;
+  return argmin ? launch_fused_variant<Traits, true>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream)
+                : launch_fused_variant<Traits, false>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+}
+
+// The table's kernels (generated/fused_table.cuh), in its order: what each needs of a GPU, and its launcher.
+static constexpr kb25::FusedRequirements kFusedRequirements[] = {
+#define KB25_REQUIREMENTS(Traits) kb25::requirements_of<kb25::Traits>(),
+    KB25_FUSED_KERNELS(KB25_REQUIREMENTS)
+#undef KB25_REQUIREMENTS
+};
+using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, void*, float*, int64_t, int, int, int,
+                                      cudaStream_t);
+static constexpr FusedLauncher kFusedLaunchers[] = {
+#define KB25_LAUNCHER(Traits) launch_fused<kb25::Traits>,
+    KB25_FUSED_KERNELS(KB25_LAUNCHER)
+#undef KB25_LAUNCHER
+};
+static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
+
+extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only) {
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
+    if (kb25::kFusedKernelPrecision[k] != precision || (mma_sync_only && kFusedRequirements[k].wgmma)) continue;
+    if (can_implement(kFusedRequirements[k], device)) return k;
+  }
+  return -1;
+}
+
+extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device) {
+  return kernel >= 0 && kernel < kb25::kFusedKernelCount && can_implement(kFusedRequirements[kernel], device);
+}
+
+extern "C" int fused_kernel_smem_bytes(int kernel) {
+  return kernel >= 0 && kernel < kb25::kFusedKernelCount ? kFusedRequirements[kernel].smem_bytes : -1;
+}
+
+extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
+                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
+                                                      int W, int num_sms, cudaStream_t stream) {
+  if (kernel < 0 || kernel >= kb25::kFusedKernelCount) return cudaErrorInvalidValue;
+  return kFusedLaunchers[kernel](x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+}
+
+template <class Elem>
+static cudaError_t launch_min_dim1_tanh2_typed(const void* y_, void* out_, int64_t outer, int64_t reduce,
+                                               int64_t inner, int num_sms, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(Elem);
+  const Elem* y = static_cast<const Elem*>(y_);
+  Elem* out = static_cast<Elem*>(out_);
+  const bool vec = (inner % kVec == 0) && ((reinterpret_cast<uintptr_t>(y) & 15) == 0) &&
+                   ((reinterpret_cast<uintptr_t>(out) & 15) == 0);
+  const int64_t work = outer * (vec ? inner / kVec : inner);
+  if (work <= 0 || reduce <= 0) return cudaSuccess;
+  const int threads = 256;
+  const int64_t wanted = (work + threads - 1) / threads;
+  const int64_t cap = (int64_t)num_sms * 16;
+  const int grid = (int)(wanted < cap ? wanted : cap);
+  if (vec) {
+    kb25::min_dim1_tanh2_kernel<Elem, kVec><<<grid, threads, 0, stream>>>(y, out, outer, reduce, inner);
+  } else {
+    kb25::min_dim1_tanh2_kernel<Elem, 1><<<grid, threads, 0, stream>>>(y, out, outer, reduce, inner);
+  }
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
+                                             int64_t inner, int num_sms, cudaStream_t stream) {
+  switch (elem) {
+    case kb25::kElemFloat32:
+      return launch_min_dim1_tanh2_typed<float>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemFloat64:
+      return launch_min_dim1_tanh2_typed<double>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemFloat16:
+      return launch_min_dim1_tanh2_typed<__half>(y, out, outer, reduce, inner, num_sms, stream);
+    case kb25::kElemBfloat16:
+      return launch_min_dim1_tanh2_typed<__nv_bfloat16>(y, out, outer, reduce, inner, num_sms, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// The backward's launchers, for float32, bfloat16 and float16 (the fused precisions).
+template <template <class> class Launch, class... Args>
+static cudaError_t by_elem(int elem, Args... args) {
+  switch (elem) {
+    case kb25::kElemFloat32: return Launch<float>::run(args...);
+    case kb25::kElemFloat16: return Launch<__half>::run(args...);
+    case kb25::kElemBfloat16: return Launch<__nv_bfloat16>::run(args...);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <class Elem>
+struct LaunchGradInput {
+  static cudaError_t run(const void* g, const float* pre_min, const unsigned char* argmin, const void* w, void* dx,
+                         int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+    using G = kb25::GradInput;
+    const int64_t steps = N * H * ((W + G::kCols - 1) / G::kCols);
+    if (steps <= 0) return cudaSuccess;
+    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_input_kernel<Elem>;
+    int per_sm = 0;
+    const cudaError_t err = resident_ctas_per_sm<kernel>(G::kThreads, G::kSmemBytes, &per_sm);
+    if (err != cudaSuccess) return err;
+    const int64_t cap = (int64_t)num_sms * per_sm;
+    kernel<<<(int)(steps < cap ? steps : cap), G::kThreads, G::kSmemBytes, stream>>>(
+        static_cast<const Elem*>(g), pre_min, argmin, static_cast<const Elem*>(w), static_cast<Elem*>(dx), H, W, steps);
+    return cudaGetLastError();
+  }
+};
+
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
+                                                           const unsigned char* argmin, const void* w, void* dx,
+                                                           int64_t N, int H, int W, int num_sms,
+                                                           cudaStream_t stream) {
+  return by_elem<LaunchGradInput>(elem, g, pre_min, argmin, w, dx, N, H, W, num_sms, stream);
+}
+
+static int64_t grad_weight_steps(int64_t N, int H, int W) {
+  using G = kb25::GradWeight;
+  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+  return OH > 0 && OW > 0 ? N * OH * ((OW + G::kCols - 1) / G::kCols) : 0;
+}
+
+// As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
+// steps. Fixed for a GPU and shape: the sums' order, and so their bits, do not change from run to run.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks) {
+  using G = kb25::GradWeight;
+  int per_sm = 0;
+  const cudaError_t err =
+      resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(G::kThreads, G::kSmemBytes, &per_sm);
+  if (err != cudaSuccess) return err;
+  const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
+  *blocks = (int)(steps < cap ? steps : cap);
+  return cudaSuccess;
+}
+
+extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() { return kb25::GradWeight::kCout * kb25::GradWeight::kPartial; }
+
+template <class Elem>
+struct LaunchGradWeight {
+  static cudaError_t run(const void* x, const void* g, const float* pre_min, const unsigned char* argmin,
+                         float* partial, int blocks, void* dw, void* db, int64_t N, int H, int W, cudaStream_t stream) {
+    using G = kb25::GradWeight;
+    const int64_t steps = grad_weight_steps(N, H, W);
+    if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
+    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
+    const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(static_cast<const Elem*>(x), static_cast<const Elem*>(g),
+                                                             pre_min, argmin, partial, H, W, steps);
+    const int outputs = G::kCout * G::kPartial;
+    kb25::conv3x3_min_tanh2_grad_weight_reduce_kernel<Elem><<<(outputs + 255) / 256, 256, 0, stream>>>(
+        partial, blocks, static_cast<Elem*>(dw), static_cast<Elem*>(db));
+    return cudaGetLastError();
+  }
+};
+
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+                                                            const float* pre_min, const unsigned char* argmin,
+                                                            float* partial, int blocks, void* dw, void* db, int64_t N,
+                                                            int H, int W, cudaStream_t stream) {
+  return by_elem<LaunchGradWeight>(elem, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W, stream);
+}

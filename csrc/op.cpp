@@ -1,0 +1,391 @@
+// The C++ op: input checks, the backend decision table, the CUDA paths, registration.
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/Context.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+#include "generated/config.h"
+
+namespace {
+
+// Messages are put together from strings only. Streaming a number in this library (c10::str, operator<< on an
+// int or on sizes) crashed on a machine whose runtime libstdc++ was older than the compiler's headers: the
+// number formatting instantiated here used the compiler's locale facets, not the process's.
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + num(sizes[i]);
+  return s + "]";
+}
+
+std::string dtype_name(at::ScalarType t) { return "torch." + std::string(c10::getDtypeNames(t).first); }
+
+bool supported_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+int elem_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return kb25::kElemFloat32;
+    case at::kDouble: return kb25::kElemFloat64;
+    case at::kHalf: return kb25::kElemFloat16;
+    default: return kb25::kElemBfloat16;
+  }
+}
+
+// The GPU the chooser decides for: the device's own profile (torch reads its properties once per device), or,
+// while emulate_device() in model_new.py has set one, that profile: a testing aid with which one GPU stands in for
+// GPUs it can imitate (no wgmma, less shared memory). Process-wide, not per thread: autograd's backward runs on
+// threads of its own and must decide as the forward did.
+std::atomic<bool> emulating{false};
+std::mutex emulation_mutex;
+kb25::DeviceProfile emulated{};
+
+// A device's properties, read once and kept, as at::cuda::getDeviceProperties keeps them. Not through
+// ATen/cuda/CUDAContext.h: it includes cuBLAS's, cuSPARSE's and cuSOLVER's headers, which a CUDA install of the
+// compiler and runtime alone lacks, and there the extension did not build
+// (test_host_code_needs_no_cuda_math_library_headers).
+const cudaDeviceProp& device_props(int device) {
+  struct Entry {
+    std::once_flag once;
+    cudaDeviceProp props{};
+    cudaError_t err = cudaSuccess;
+  };
+  static const int count = c10::cuda::device_count();
+  static const std::unique_ptr<Entry[]> entries(new Entry[count > 0 ? count : 1]);
+  TORCH_CHECK(device >= 0 && device < count,
+              "ModelNew expects a visible CUDA device, got device " + num(device) + " of " + num(count));
+  Entry& e = entries[device];
+  std::call_once(e.once, [&] { e.err = cudaGetDeviceProperties(&e.props, device); });
+  TORCH_CHECK(e.err == cudaSuccess, "ModelNew: cudaGetDeviceProperties failed: " + std::string(cudaGetErrorString(e.err)));
+  return e.props;
+}
+
+// The current device's SM count and stream, for the launchers.
+int current_sm_count() { return device_props(c10::cuda::current_device()).multiProcessorCount; }
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+kb25::DeviceProfile real_profile(int device) {
+  const cudaDeviceProp& props = device_props(device);
+  kb25::DeviceProfile p{props.major * 10 + props.minor, (int)props.sharedMemPerBlockOptin, false};
+#ifdef KB25_BUILT_FOR_SM90A
+  p.wgmma_built = p.sm == 90;
+#endif
+  return p;
+}
+
+kb25::DeviceProfile device_profile(int device) {
+  if (emulating.load(std::memory_order_acquire)) {
+    const std::lock_guard<std::mutex> lock(emulation_mutex);
+    if (emulating.load(std::memory_order_relaxed)) return emulated;
+  }
+  return real_profile(device);
+}
+
+std::string profile_str(const kb25::DeviceProfile& p) {
+  return "sm_" + num(p.sm) + " with " + num(p.smem_optin) + " bytes of shared memory per block" +
+         (p.wgmma_built ? " and wgmma" : "");
+}
+
+// The reference conv runs in TF32 exactly when cuDNN runs it (cuDNN enabled) and TF32 is allowed for cuDNN convs:
+// the test cuDNN's own conv applies.
+bool conv_runs_in_tf32() {
+  const auto& ctx = at::globalContext();
+  return ctx.userEnabledCuDNN() && ctx.allowTF32CuDNN(at::Float32Op::CONV);
+}
+
+bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
+  return x.dim() == 4 && weight.size(0) == KB25_FUSED_COUT && weight.size(1) == KB25_FUSED_CIN &&
+         weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
+}
+
+// The precision in which the reference computes this input (its index in PRECISIONS), or -1 where no fused kernel
+// has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+int precision_of(const at::Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
+    case at::kBFloat16: return kb25::kPrecisionBf16;
+    case at::kHalf: return kb25::kPrecisionFp16;
+    default: return -1;
+  }
+}
+
+// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1.
+int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  const int precision = precision_of(x);
+  if (!fused_shape(x, weight) || precision < 0) return -1;
+  return choose_fused_kernel(precision, device_profile(x.get_device()), mma_sync_only);
+}
+
+}  // namespace
+
+// The same checks, in the same order and words, as check_input() in model_new.py (the CPU and fake kernels); the
+// tests run one table of bad inputs through both.
+void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
+                    "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape " + shape_str(x.sizes()));
+  TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on " + weight.device().str() +
+                                                       " (the device of its weights), got " + x.device().str());
+  TORCH_CHECK_VALUE(x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type()),
+                    "ModelNew expects input of its weights' dtype " + dtype_name(weight.scalar_type()) +
+                        " (supported: " KB25_SUPPORTED_DTYPES "), got " + dtype_name(x.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1),
+                    "ModelNew expects " + num(weight.size(1)) + " input channels, got " + num(x.size(-3)));
+  TORCH_CHECK_VALUE(x.size(-2) >= weight.size(2) && x.size(-1) >= weight.size(3),
+                    "ModelNew expects H >= " + num(weight.size(2)) + " and W >= " + num(weight.size(3)) +
+                        " (the kernel size), got H=" + num(x.size(-2)) + ", W=" + num(x.size(-1)));
+  TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.device() == weight.device() &&
+                        bias.scalar_type() == weight.scalar_type(),
+                    "ModelNew expects a bias of shape [" + num(weight.size(0)) + "] like its weights, got " +
+                        shape_str(bias.sizes()) + " " + dtype_name(bias.scalar_type()) + " on " +
+                        bias.device().str());
+}
+
+bool wgmma_available() {
+  const kb25::DeviceProfile p = device_profile(c10::cuda::current_device());
+  return p.wgmma_built && p.sm == 90;
+}
+
+// emulate_device() (model_new.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
+// chooser then picks must launch on it.
+void set_device_emulation(int64_t major, int64_t minor, int64_t smem_optin) {
+  const kb25::DeviceProfile real = real_profile(c10::cuda::current_device());
+  TORCH_CHECK_VALUE(major >= 0 && minor >= 0 && minor < 10,
+                    "emulate_device expects a capability (major, minor) with 0 <= minor < 10, got (" + num(major) +
+                        ", " + num(minor) + ")");
+  TORCH_CHECK_VALUE(smem_optin > 0 && smem_optin <= real.smem_optin,
+                    "emulate_device expects smem_optin of 1.." + num(real.smem_optin) +
+                        " bytes (this GPU's limit: what it chooses must launch here), got " + num(smem_optin));
+  const kb25::DeviceProfile profile{(int)(major * 10 + minor), (int)smem_optin, major == 9 && minor == 0};
+  // Whatever the chooser may pick for the emulated GPU must launch on this one (a kernel compiled out below sm_80,
+  // a wgmma kernel off sm_90, more shared memory than it has would not).
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
+    TORCH_CHECK_VALUE(!fused_kernel_fits(k, profile) || fused_kernel_fits(k, real),
+                      "emulate_device(capability=(" + num(major) + ", " + num(minor) + "), smem_optin=" +
+                          num(smem_optin) + ") could choose " + kb25::kFusedKernelNames[k] +
+                          ", which this GPU cannot launch: it is " + profile_str(real));
+  }
+  const std::lock_guard<std::mutex> lock(emulation_mutex);
+  emulated = profile;
+  emulating.store(true, std::memory_order_release);
+}
+
+void clear_device_emulation() {
+  const std::lock_guard<std::mutex> lock(emulation_mutex);
+  emulating.store(false, std::memory_order_release);
+}
+
+// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise).
+struct Choice {
+  int64_t backend;
+  int kernel;
+};
+
+// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here. Run
+// once per call: the op, resolve_backend() and fused_kernel() all read its answer.
+Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
+  TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
+                    "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
+  if (requested == kb25::kBackendCudnnEpilogue) return {requested, -1};
+  const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
+  const int kernel = fused_kernel_for(x, weight, mma_sync);
+  if (requested == kb25::kBackendAuto) {
+    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel} : Choice{kb25::kBackendCudnnEpilogue, -1};
+  }
+  TORCH_CHECK_VALUE(kernel >= 0,
+                    "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
+                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
+                        num(KB25_FUSED_KSIZE) +
+                        " conv in float32, bfloat16 or float16 on an sm_80+ GPU with shared memory for one of its "
+                        "kernels; got a " + num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input, weight " +
+                        shape_str(weight.sizes()) + ", TF32 convs " +
+                        (conv_runs_in_tf32() ? "allowed" : "not allowed") + ", on " +
+                        profile_str(device_profile(x.get_device())));
+  return {requested, kernel};
+}
+
+int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
+  return choose(x, weight, requested).backend;
+}
+
+// Which fused kernel a call with this backend runs: its index in FUSED_KERNELS, or -1 when none does.
+int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t backend) {
+  return choose(x, weight, backend).kernel;
+}
+
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
+// each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
+// two come back undefined (nothing allocated: the inference call's host time).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
+                                                                       const at::Tensor& bias, int kernel, bool save) {
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
+  TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
+  const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
+  at::Tensor out = at::empty(sizes, xc.options());
+  at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
+  at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
+  const cudaError_t err = launch_fused_conv3x3_min_tanh2(
+      kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
+      save ? pre_min.data_ptr<float>() : nullptr, N, (int)H, (int)W,
+      current_sm_count(), current_stream());
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
+  return {out, argmin, pre_min};
+}
+
+// cuDNN's conv through ATen (every torch.backends.cudnn setting applies), then one kernel: min over dim 1 (channels
+// of a batched output, rows of an unbatched one, as torch.min(dim=1) in the reference), tanh, tanh. With `save`
+// (a batched output), also the argmin and min that torch.min gives, as the fused kernel saves them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_conv_then_epilogue(const at::Tensor& x, const at::Tensor& weight,
+                                                                        const at::Tensor& bias, bool save) {
+  const at::Tensor y = at::conv2d(x.contiguous(), weight, bias).contiguous();
+  std::vector<int64_t> out_sizes = y.sizes().vec();
+  out_sizes[1] = 1;
+  at::Tensor out = at::empty(out_sizes, y.options());
+  const int64_t outer = y.size(0), reduce = y.size(1);
+  const int64_t inner = outer * reduce == 0 ? 0 : y.numel() / (outer * reduce);
+  const cudaError_t err = launch_min_dim1_tanh2(elem_code(y.scalar_type()), y.data_ptr(), out.data_ptr(), outer,
+                                                reduce, inner, current_sm_count(), current_stream());
+  TORCH_CHECK(err == cudaSuccess, "ModelNew: the epilogue kernel did not launch: " + std::string(cudaGetErrorString(err)));
+  if (!save) return {out, at::Tensor(), at::Tensor()};
+  const auto [values, indices] = at::min(y, 1, /*keepdim=*/true);
+  return {out, indices.to(at::kByte), values.to(at::kFloat)};
+}
+
+// Whether the current GPU itself (whatever is emulated) can launch a fused kernel (its index in FUSED_TABLE).
+bool fused_kernel_launches(int64_t kernel) {
+  return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
+}
+
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
+// precision and launch on this GPU itself (whatever is emulated).
+at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+  check_input(x, weight, bias);
+  TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
+                    "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
+                        num(kernel));
+  const std::string name = kb25::kFusedKernelNames[kernel];
+  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) && precision_of(x) == kb25::kFusedKernelPrecision[kernel],
+                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its precision and a " +
+                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " + num(x.dim()) + "-D " +
+                        dtype_name(x.scalar_type()) + " input on " + x.device().str() + ", TF32 convs " +
+                        (conv_runs_in_tf32() ? "allowed" : "not allowed"));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const kb25::DeviceProfile real = real_profile(x.get_device());
+  TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
+                    "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
+                        " bytes of shared memory per block and its MMA; got " + profile_str(real));
+  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, (int)kernel, false));
+}
+
+// The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
+at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t backend) {
+  check_input(x, weight, bias);
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Choice choice = choose(x, weight, backend);
+  if (choice.kernel < 0) return std::get<0>(cudnn_conv_then_epilogue(x, weight, bias, false));
+  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, false));
+}
+
+// Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
+// whichever backend ran the forward). Else autograd recomputes the reference's chain. saves_argmin() in
+// model_new.py (the fake kernel) decides the same from shapes and dtypes alone.
+bool saves_argmin(const at::Tensor& x, const at::Tensor& weight) {
+  const auto t = x.scalar_type();
+  return fused_shape(x, weight) && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);
+}
+
+// The CUDA kernel of kb25::conv_min_tanh2_with_argmin: the op's output, and where saves_argmin() holds, the argmin
+// channel (uint8) and pre-tanh min (float32) of each output pixel (else two empty tensors).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_with_argmin(const at::Tensor& x, const at::Tensor& weight,
+                                                                          const at::Tensor& bias, int64_t backend) {
+  check_input(x, weight, bias);
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Choice choice = choose(x, weight, backend);
+  const bool save = saves_argmin(x, weight);
+  auto result = choice.kernel < 0 ? cudnn_conv_then_epilogue(x, weight, bias, save)
+                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, save);
+  if (!save) {  // an op returns defined tensors: empty ones say "nothing saved"
+    std::get<1>(result) = at::empty({0}, x.options().dtype(at::kByte));
+    std::get<2>(result) = at::empty({0}, x.options().dtype(at::kFloat));
+  }
+  return result;
+}
+
+// The CUDA kernel of kb25::conv_min_tanh2_backward: the gradients of x, the weight and the bias (each only where
+// asked for, else empty) from the output's gradient and the forward's saved argmin and pre-tanh min. Deterministic.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                                       const at::Tensor& weight,
+                                                                       const at::Tensor& argmin,
+                                                                       const at::Tensor& pre_min, bool need_input,
+                                                                       bool need_weight, bool need_bias) {
+  TORCH_CHECK_VALUE(x.is_cuda() && saves_argmin(x, weight),
+                    "conv_min_tanh2_backward expects a 4-D CUDA input of float32, bfloat16 or float16 and a " +
+                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " " + num(KB25_FUSED_KSIZE) + "x" +
+                        num(KB25_FUSED_KSIZE) + " weight, got a " + num(x.dim()) + "-D " +
+                        dtype_name(x.scalar_type()) + " input on " + x.device().str() + ", weight " +
+                        shape_str(weight.sizes()));
+  const std::vector<int64_t> out_sizes{x.size(0), 1, x.size(2) - (KB25_FUSED_KSIZE - 1), x.size(3) - (KB25_FUSED_KSIZE - 1)};
+  const auto expect = [&](const at::Tensor& t, at::ScalarType dtype, const char* what) {
+    TORCH_CHECK_VALUE(t.sizes() == at::IntArrayRef(out_sizes) && t.scalar_type() == dtype && t.device() == x.device(),
+                      "conv_min_tanh2_backward expects " + std::string(what) + " of shape " + shape_str(out_sizes) +
+                          " " + dtype_name(dtype) + " on " + x.device().str() + ", got " + shape_str(t.sizes()) + " " +
+                          dtype_name(t.scalar_type()) + " on " + t.device().str());
+  };
+  expect(grad, x.scalar_type(), "the output's gradient");
+  expect(argmin, at::kByte, "the saved argmin");
+  expect(pre_min, at::kFloat, "the saved pre-tanh min");
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type() && weight.device() == x.device(),
+                    "conv_min_tanh2_backward expects the weight in the input's dtype and device, got " +
+                        dtype_name(weight.scalar_type()) + " on " + weight.device().str());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), gc = grad.contiguous();
+  const at::Tensor ac = argmin.contiguous(), mc = pre_min.contiguous();
+  const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
+  TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
+  const int elem = elem_code(xc.scalar_type());
+  const int num_sms = current_sm_count();
+  const cudaStream_t stream = current_stream();
+  const auto none = [&] { return at::empty({0}, xc.options()); };
+  at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
+  at::Tensor dw = need_weight ? at::empty(wc.sizes(), wc.options()) : none();
+  at::Tensor db = need_bias ? at::empty({wc.size(0)}, wc.options()) : none();
+  if (need_input) {
+    const cudaError_t err = launch_conv3x3_min_tanh2_grad_input(elem, gc.data_ptr(), mc.data_ptr<float>(),
+                                                                ac.data_ptr<uint8_t>(), wc.data_ptr(), dx.data_ptr(), N,
+                                                                (int)H, (int)W, num_sms, stream);
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
+  }
+  if (need_weight || need_bias) {
+    int blocks = 0;
+    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, &blocks);
+    TORCH_CHECK(blocks_err == cudaSuccess,
+                "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
+    if (blocks == 0) {  // no output pixel: nothing flows back
+      if (need_weight) dw.zero_();
+      if (need_bias) db.zero_();
+    } else {
+      at::Tensor partial = at::empty({(int64_t)blocks * conv3x3_min_tanh2_grad_weight_partial_floats()},
+                                     xc.options().dtype(at::kFloat));
+      const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
+          elem, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
+          blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
+      TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
+    }
+  }
+  return {dx, dw, db};
+}
+
+TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
+  m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2));
+  m.impl(KB25_OP_NAME "_with_argmin", TORCH_FN(conv_min_tanh2_with_argmin));
+  m.impl(KB25_OP_NAME "_backward", TORCH_FN(conv_min_tanh2_backward));
+}

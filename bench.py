@@ -20,6 +20,7 @@ import torch
 
 import harness
 import reference
+from tools import machine_code
 
 COMPILED_REFERENCES = ("compile_default", "compile_max_autotune")
 # Other people's implementations of the same model: ModelNew's speedup is also given against the fastest of them.
@@ -31,6 +32,12 @@ TF32_FLOOR_MS = 0.37  # 152.2 GFLOP at the 413 TFLOP/s measured for a TF32 GEMM 
 
 def log(msg):
     print(msg, flush=True)
+
+
+def current_commit():
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                         capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else None
 
 
 def parse_args():
@@ -46,6 +53,8 @@ def parse_args():
                    help="do not time the training step and the autocast forward")
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
+    p.add_argument("--commit", default=None,
+                   help="the commit the tree is at, recorded in the results (default: git rev-parse, where git works)")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
     p.add_argument("--spread-processes", type=int, default=3,
                    help="fresh processes that each time ModelNew on a fresh input (0: skip; at least 3 otherwise)")
@@ -448,6 +457,10 @@ def main():
         "host_us": host_us,
         "import_s": import_s,
         "date": time.strftime("%Y-%m-%d"),
+        "commit": args.commit or current_commit(),
+        # What ran, as machine code: a digest of each kernel's SASS (tools/machine_code.py). A later tree whose
+        # digests are these runs the same kernels, so these results still describe it.
+        "machine_code": machine_code.of_extension(model_new, machine_code.device_arch()),
     }
 
     log("")

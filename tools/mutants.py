@@ -97,18 +97,22 @@ MUTANTS = {
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="input")],
     ),
     # pack2 takes its halves the wrong way round: the 16-bit wgmma reduce packs each pixel pair (2i, 2i + 1) swapped,
-    # and the write, which stores its pixels one at a time (since v26), puts each one's result in the other's place
+    # and the write, which stores its pixels one at a time, puts each one's result in the other's place
     "packed_min_pairs_swapped": (
-        'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(hi), "f"(lo));',
-        'asm("cvt.rn." PTX "x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(lo), "f"(hi));',
+        '''    if constexpr (kHasFused && kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(hi), "f"(lo));
+    if constexpr (kHasFused && !kBf16) asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(hi), "f"(lo));''',
+        '''    if constexpr (kHasFused && kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(lo), "f"(hi));
+    if constexpr (kHasFused && !kBf16) asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(lo), "f"(hi));''',
         [node("test_edge_shapes", "kernel-sm90_bf16", shape="2x16x67x67"),
          node("test_edge_shapes", "kernel-sm90_fp16", shape="2x16x67x67")],
     ),
     # the 16-bit packed min (the reduce's lane fold and the write's, over the staged minima) drops NaN (min instead of
     # min.NaN)
     "packed_min_drops_nan": (
-        'asm("min.NaN." PTX "x2 %0, %1, %2;\\n"',
-        'asm("min." PTX "x2 %0, %1, %2;\\n"',
+        '''    if constexpr (kHasFused && kBf16) asm("min.NaN.bf16x2 %0, %1, %2;\\n" : "=r"(r) : "r"(a), "r"(b));
+    if constexpr (kHasFused && !kBf16) asm("min.NaN.f16x2 %0, %1, %2;\\n" : "=r"(r) : "r"(a), "r"(b));''',
+        '''    if constexpr (kHasFused && kBf16) asm("min.bf16x2 %0, %1, %2;\\n" : "=r"(r) : "r"(a), "r"(b));
+    if constexpr (kHasFused && !kBf16) asm("min.f16x2 %0, %1, %2;\\n" : "=r"(r) : "r"(a), "r"(b));''',
         [node("test_nan_wins_over_inf_channels_in_the_min", "fused-bf16"),
          node("test_nan_and_inf_inputs", "kernel-sm90_fp16", shape="aligned")],
     ),
@@ -130,13 +134,13 @@ MUTANTS = {
     ),
     # the SFU's tanh for TF32 too (within TF32's 1e-4, but not what the fp32 paths promise)
     "tanh2_approx_for_tf32": (
-        "  static constexpr bool kTanhApprox = false;  // tanh2: the SFU's tanh slowed the wgmma kernel",
-        "  static constexpr bool kTanhApprox = true;  //",
+        "  static constexpr bool kTanhApprox = false;\n",
+        "  static constexpr bool kTanhApprox = true;\n",
         [node("test_fp32_tanh2_error", "kernel-sm90_tf32"), node("test_fp32_tanh2_error", "kernel-sm80_tf32")],
     ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (
-        "          if constexpr (sizeof(Elem) == 2) m = convert<float>(convert<Elem>(m));\n",
+        "            if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));\n",
         "",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),

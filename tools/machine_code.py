@@ -75,31 +75,31 @@ def text_sections(cubin):
     return sections
 
 
-FUSED = re.compile(r"conv3x3_min_tanh2_kernel<kb25::FusedTraits<\(kb25::MmaKind\)(\d), (.+?), (\d+), (\d+), (\d+), "
-                   r"(\d+)(?:, kb25::Schedule<[^>]*>)? ?>, (true|false)>")
+FUSED = re.compile(r"conv3x3_min_tanh2_kernelINS_11FusedTraitsILNS_7MmaKindE(\d)E(.+?)Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
+                   r".*Lb([01])EEEv")
+
+
+def mangled_tag(tag):
+    """A precision tag of the kb25 namespace as it appears in a mangled template argument list: "Tf32x3" or
+    "Native16<__half>" (one class-type argument)."""
+    name, arg = re.fullmatch(r"(\w+)(?:<(\w+)>)?", tag).groups()
+    return f"NS_{len(name)}{name}" + (f"I{len(arg)}{arg}E" if arg else "") + "E"
 
 
 def kernel_names(mangled, table):
-    """{mangled: readable} for the kernels: a fused kernel as its FUSED_TABLE row's name (and "/save" for the variant
-    that saves the argmin), so that a kernel keeps its name when its template arguments are spelled otherwise; the
-    others demangled (c++filt), or as they are where c++filt is missing."""
-    try:
-        run = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True, check=True)
-        plain = run.stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {m: m for m in mangled}
-    rows = {}
-    for row, tag in table:
-        rows[(row.mma == "wgmma", tag, row.tile_cols, row.consumers, row.producer_warps, row.ring)] = row.name
+    """{mangled: name}: a fused kernel as its FUSED_TABLE row's name ("fused/<row>", "/save" for the variant that
+    saves the argmin), so that it keeps its name when its template arguments are spelled otherwise; the other
+    kernels as they are mangled (no demangler needed)."""
+    rows = {(row.mma == "wgmma", mangled_tag(tag), row.tile_cols, row.consumers, row.producer_warps, row.ring): row.name
+            for row, tag in table}
     names = {}
-    for m, p in zip(mangled, plain):
-        found = FUSED.search(p)
+    for m in mangled:
+        found = FUSED.search(m)
+        row = None
         if found:
             mma, tag, *ints, save = found.groups()
-            key = (mma == "1", tag.replace("kb25::", ""), *map(int, ints))
-            names[m] = "fused/" + rows.get(key, p) + ("/save" if save == "true" else "")
-        else:
-            names[m] = re.sub(r"\(.*\)$", "", p.replace("kb25::", ""))
+            row = rows.get((mma == "1", tag, *map(int, ints)))
+        names[m] = f"fused/{row}" + ("/save" if save == "1" else "") if row else m
     return names
 
 

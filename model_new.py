@@ -236,7 +236,6 @@ inline constexpr int kArchSmemPerBlock = 163 * 1024;
 inline constexpr int kArchSmemPerBlock = kMaxSmemPerBlock;
 #endif
 
-// ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -375,10 +374,10 @@ __host__ __device__ __forceinline__ void split_tf32_bias(float v, float (&part)[
 // tanh(tanh(v)) for a fused kernel's output. kApprox (the precision tag's kTanhApprox: bf16 and fp16): the SFU's
 // tanh.approx.f32 twice, one instruction each instead of about 14, then the one rounding to the element type. The PTX
 // ISA bounds its error by 2^-10.98 relative; over every float input it is 8.0e-6 absolute at most on the H200
-// (tools/tanh_error.py, results/h200-tanh-error.log), and test_16bit_tanh2_of_every_value holds what reaches the
-// output: every 16-bit value within an ulp of the float64 tanh(tanh(m)) and no further than the reference's two
-// roundings. fp32 outputs (TF32, 3xTF32): tanhf twice, within 2 fp32 ulps each (test_fp32_tanh2_error: 2^-20). The
-// saving and inference variants share it, so their outputs stay equal.
+// (tools/experiments/tanh_error.py; docs/perf-notes.md, "Rounding, NaN and tanh"), and test_16bit_tanh2_of_every_value
+// holds what reaches the output: every 16-bit value within an ulp of the float64 tanh(tanh(m)) and no further than the
+// reference's two roundings. fp32 outputs (TF32, 3xTF32): tanhf twice, within 2 fp32 ulps each (test_fp32_tanh2_error:
+// 2^-20). The saving and inference variants share it, so their outputs stay equal.
 template <bool kApprox>
 __device__ __forceinline__ float tanh2(float v) {
   if constexpr (kHasFused && kApprox) {
@@ -411,7 +410,6 @@ __host__ __device__ __forceinline__ void keep_min(float& v, int& i, float w, int
 
 namespace kb25 {
 
-// ================================================================ scheduler
 // Step s = (n * col_blocks + cb) * OH + oy, the output row fastest: consecutive steps slide a 3-row input window
 // down one column block of one image. Each consumer walks a contiguous range of steps; it divides once, then counts.
 struct StepWalker {
@@ -479,7 +477,6 @@ struct Schedule {
 
 namespace kb25 {
 
-// ================================================================ backward, from the saved argmin and pre-tanh min
 // With t1 = tanh(m), t2 = tanh(t1) at a pixel's saved min m, its gradient gm = g * (1 - t2^2) * (1 - t1^2) (the two
 // tanh_backward steps of the reference, in its order) flows to its argmin channel k only. Everything in fp32; one
 // rounding to the element type at the end. The reference's sums are dense (zeros times the other channels), and
@@ -1129,11 +1126,7 @@ struct ThreeProducts {
       mma_sync(small, a, bs[0], bs[1], Operand<float>{});
     }
     mma_sync(small, as, bw[0], bw[1], Operand<float>{});
-    if constexpr (kFirst) {
-      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});
-    } else {
-      mma_sync(acc, a, bw[0], bw[1], Operand<Elem>{});
-    }
+    OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
   }
   // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
   __device__ static void split_fragment(uint32_t (&a)[4], uint32_t (&as)[4]) {
@@ -1244,7 +1237,6 @@ struct RowOut {
   float* pre_min;
 };
 
-// ================================================================ geometry
 // K is ordered (tap, channel): k-step ks covers channels (ks % kKStepsPerTap) * kMmaK .. + kMmaK - 1 of tap
 // ks / kKStepsPerTap = kh*3 + kw. A consumer is one warpgroup; one step is one output row segment of kTileCols pixels
 // x all kCout channels, computed from a ring of input rows (slots) in shared memory. A slot is laid out
@@ -1335,7 +1327,7 @@ struct MmaSyncMainloop {
   // One conflict-free 16-byte load per lane and pair of n-tiles.
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
-  // (docs/perf-notes.md, v23).
+  // (docs/perf-notes.md, "Producer and loads").
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     Elem* const wdst = reinterpret_cast<Elem*>(smem);
@@ -1378,7 +1370,7 @@ struct MmaSyncMainloop {
     // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
     // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
     // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
-    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, 17e), which sm_100 was not measured for.
+    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, "3xTF32"); sm_100 was not measured.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
     constexpr bool kOneKStepATrip = kWeightCopies == 2 && kMTiles > 1;
 #else
@@ -1581,11 +1573,10 @@ struct MmaSyncEpilogue {
 
 namespace kb25 {
 
-// ================================================================ mainloops (MMA policies)
 // Element i (< kCount) of what the CTA's kThreads threads stage into shared memory: store(i, load(i)). Each thread
 // issues all of its loads before its first store, so that they wait for memory once together: a loop of a load and a
 // store waits for each load in turn, 24 of them a thread in the wgmma kernels, which took about 2% of the 16-bit one
-// (docs/perf-notes.md, v23).
+// (docs/perf-notes.md, "Producer and loads").
 template <int kThreads, int kCount, class Load, class Store>
 __device__ __forceinline__ void stage_batched(const Load& load, const Store& store) {
   constexpr int kPer = (kCount + kThreads - 1) / kThreads;
@@ -1603,13 +1594,15 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
   }
 }
 
-// Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
-// release_oldest, wait_newest) issues the MMAs of one step over the three slots of rows oy..oy+2 (kWaitsForNewest:
-// the caller has waited for the two older rows only, and start() calls wait_newest() before the MMAs that read the
-// newest; otherwise all three are there and it never calls it); finish(acc, release_oldest)
-// waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
-// as the window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between
-// the two, while the consumer writes its previous step; mma.sync has issued everything when start() returns.
+// What a mainloop offers (this one and MmaSyncMainloop): stage_shared() writes what the consumers share (weights)
+// before the roles split; start(acc, rows, col0, OW, release_oldest, wait_newest) issues the MMAs of one step over the
+// three slots of rows oy..oy+2 (kWaitsForNewest: the caller has waited for the two older rows only, and start() calls
+// wait_newest() before the MMAs that read the newest; otherwise all three are there and it never calls it);
+// finish(acc, release_oldest) waits for them, and the step's sums are in acc, bias included. Each calls
+// release_oldest() once per step, as soon as the window's oldest row has been read (kReleasesOldestEarly: during
+// start). wgmma runs asynchronously between the two, while the consumer writes its previous step (where its producer
+// threads write the steps, HandedWrites, the consumer has nothing to write there); mma.sync has issued everything
+// when start() returns.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -1617,7 +1610,7 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
 // ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
-// other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
+// other multiplied, were slower: docs/perf-notes.md, "wgmma mainloop"). The first k-step's MMA starts the
 // accumulators from zero (scale-d 0). TF32 and 16-bit: the tensor cores add the bias, one more MMA a step
 // (kBiasByMma), where 128 adds a thread after the wait would hold up the next step's issue (Tf32x3 starts from moves:
 // its small products have an accumulator of their own).
@@ -1639,7 +1632,8 @@ struct WgmmaMainloop {
   // where |bias| >= 2^-113). The products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their
   // own fp32 accumulation, which may differ from an fp32 add in the last bit (the saving and inference variants
   // share it, so their outputs stay equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that
-  // wait for the MMAs (docs/perf-notes.md, 19c, 19g, 21a). Tf32x3 starts its accumulators from the bias instead.
+  // wait for the MMAs (docs/perf-notes.md, "Bias through the tensor cores"). Tf32x3 starts its accumulators from the
+  // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
   // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
@@ -1722,8 +1716,8 @@ struct WgmmaMainloop {
 
   // Its MMAs read the window until finish(): the oldest row is released there. kWaitsForNewest: the window's newest
   // row is waited for (wait_newest) only before its first k-step, so that the MMAs over the two older rows, which
-  // earlier steps waited for, are issued first and run while the consumer waits (TF32 -1%, 16-bit -0.5%; 3xTF32 +9%
-  // in one round, so it waits for the whole window first: docs/perf-notes.md, 27a).
+  // earlier steps waited for, are issued first and run while the consumer waits (TF32 -1%, 16-bit -0.5%; 3xTF32 +9%,
+  // so it waits for the whole window first: docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kReleasesOldestEarly = false;
   static constexpr bool kWaitsForNewest = Multiply::kIssuesBeforeNewest;
   template <class Release, class WaitNewest>
@@ -1776,15 +1770,15 @@ struct WgmmaMainloop {
 
 namespace kb25 {
 
-// ================================================================ epilogues
-// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
-
+// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type (16-bit: the min is
+// rounded to it as well, see kPacked).
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
 // 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values. Two halves: reduce() reads
 // the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
 // barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
-// every thread reaches after reading it.
+// every thread reaches after reading it. The 16-bit inference kernels (kHandsOff) hand the write to the producer's
+// threads instead (write_handed, HandedWrites), through kStages buffers with mbarriers.
 // - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
@@ -1793,10 +1787,11 @@ namespace kb25 {
 // - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word, then one
 //   butterfly step (lanes xor 4: lane groups g and g ^ 1, each keeping half of the blocks). Each warp stores them with
 //   stmatrix, transposed, so that a 16-byte row holds the 4 group pairs' minima of two pixels kTileCols / 2 apart;
-//   the write takes the min over those 4 warps x 4 words, both pixels at once. Against the full butterfly: 16
-//   shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the MMAs' wait and the next
-//   issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md,
-//   25a: staged with no butterfly step, 8 stores and 8 loads; 26a: the one step, half the staged bytes).
+//   the write (the producer's threads) takes the min over those 4 warps x 4 words, both pixels at once. Against the
+//   full butterfly: 16 shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the
+//   MMAs' wait and the next issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write;
+//   with no butterfly step at all, 8 stores and 8 loads and twice the staged bytes (docs/perf-notes.md, "Epilogue
+//   and the handed write").
 template <class Mainloop, bool kSave, class Schedule>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -1848,7 +1843,7 @@ struct WgmmaEpilogue {
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
   // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
-  // 168 registers and spilled 4 bytes (docs/perf-notes.md, 19c, 19g).
+  // 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the tensor cores").
   static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
@@ -1962,12 +1957,11 @@ struct WgmmaEpilogue {
       }
     }
   }
-  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
-  // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
-  // kWarpgroup in the high), and a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
-  // stored as one word, against one pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and
-  // stores was 1.5% slower, so it keeps the loop: docs/perf-notes.md, 21b. Its loads are the staged chunks since v25,
-  // its pixels kWarpgroup apart since v26.)
+  // 16-bit, not saving (run by the producer's threads, write_handed): a pixel pair a call (kTileCols = 2 x
+  // kWarpgroup), p and p + kWarpgroup: the pair's 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to
+  // one word (pixel p in the low half, p + kWarpgroup in the high), and a store of each pixel. Two pixels at once
+  // against one a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so
+  // it keeps one pixel a trip (docs/perf-notes.md, "Epilogue and the handed write").
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
   // chunks in it permuted by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8
@@ -2057,21 +2051,19 @@ struct WgmmaEpilogue {
 
 namespace kb25 {
 
-// ================================================================ producer (global -> registers -> slot)
-// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems
-// items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive
-// threads take consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i),
-// so a quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
+// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems items
+// (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive threads take
+// consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i), so a
+// quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
 // registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
-// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big)
-// and copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one
-// 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
-// lanes, so each lane writes its columns in another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32
-// starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj,
-// with its two groups 4 columns apart modulo 8 (kPitchCols), the column's half of a word picked by the byte
-// permute's selector and only the word pairs swapped by selects. A thread stores only what it loaded: no barrier
-// between the two, and shared memory sees each row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x
-// itself) the items are loaded element by element.
+// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big) and
+// copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one 16-byte
+// column at a time. Those writes land 16 * kVec bytes apart across the lanes, so each lane writes its columns in
+// another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32 starts each lane at another column (a rotation by
+// the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj, with its two groups 4 columns apart modulo 8
+// (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
+// selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
+// chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;
@@ -2250,7 +2242,8 @@ struct RowProducer {
     }
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
-  // to shared memory keep busy (docs/perf-notes.md, 13c; the rare element loads keep the non-allocating L1 path).
+  // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
+  // non-allocating L1 path).
   __device__ static uint4 load_streaming(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -2323,7 +2316,6 @@ struct RowProducer {
 
 namespace kb25 {
 
-// ================================================================ the row ring (pipeline)
 // A consumer's input rows pass through kSlots shared-memory slots, each with a full and an empty mbarrier. Row d (the
 // d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
 // take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
@@ -2782,7 +2774,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
 namespace kb25 {
 
-// ================================================================ epilogue after a library conv
 // What the reference does after its conv: torch.min over dim 1 (the channels of a batched conv output, the rows
 // of an unbatched one), tanh, tanh. y is viewed as [outer][reduce][inner] (contiguous), out as [outer][inner].
 // Each thread reduces kVec adjacent inner elements, one 16-byte load per reduce step where the rows are aligned;
@@ -3192,7 +3183,7 @@ int elem_code(at::ScalarType t) {
 }
 
 // The GPU the chooser decides for: the device's own profile (torch reads its properties once per device), or,
-// while emulate_device() in model_new.py has set one, that profile: a testing aid with which one GPU stands in for
+// while emulate_device() (python/ops.py) has set one, that profile: a testing aid with which one GPU stands in for
 // GPUs it can imitate (no wgmma, less shared memory). Process-wide, not per thread: autograd's backward runs on
 // threads of its own and must decide as the forward did.
 std::atomic<bool> emulating{false};
@@ -3277,7 +3268,7 @@ int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_syn
 
 }  // namespace
 
-// The same checks, in the same order and words, as check_input() in model_new.py (the CPU and fake kernels); the
+// The same checks, in the same order and words, as check_input() in python/ops.py (the CPU and fake kernels); the
 // tests run one table of bad inputs through both.
 void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
@@ -3304,7 +3295,7 @@ bool wgmma_available() {
   return p.wgmma_built && p.sm == 90;
 }
 
-// emulate_device() (model_new.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
+// emulate_device() (python/ops.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
 // chooser then picks must launch on it.
 void set_device_emulation(int64_t major, int64_t minor, int64_t smem_optin) {
   const kb25::DeviceProfile real = real_profile(c10::cuda::current_device());
@@ -3339,8 +3330,8 @@ struct Choice {
   int kernel;
 };
 
-// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here. Run
-// once per call: the op, resolve_backend() and fused_kernel() all read its answer.
+// The decision table of backend "auto" on CUDA (docs/design.md, "The backend decision table"); a forced backend is
+// checked here. Run once per call: the op, resolve_backend() and fused_kernel() all read its answer.
 Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
   TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
@@ -3448,7 +3439,7 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
 // whichever backend ran the forward). Else autograd recomputes the reference's chain. saves_argmin() in
-// model_new.py (the fake kernel) decides the same from shapes and dtypes alone.
+// python/ops.py (the fake kernel) decides the same from shapes and dtypes alone.
 bool saves_argmin(const at::Tensor& x, const at::Tensor& weight) {
   const auto t = x.scalar_type();
   return fused_shape(x, weight) && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);

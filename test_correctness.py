@@ -629,16 +629,16 @@ def test_toolkit_build_refuses_bad_arguments_in_one_line(tmp_path, args, expecte
 
 
 def _instantiation(mangled):
-    """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<MmaKind, Precision,
-    tile columns, consumers, producer warps, ring>, kSave>."""
-    m = re.search(r"MmaKindE(\d)ENS_\d+(\w+?)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EEELb([01])E", mangled)
-    mma = {"0": "mma_sync", "1": "wgmma"}[m.group(1)]
-    precision = {v: k for k, v in model_new.PRECISION_TAGS.items()}[m.group(2)]
-    shape = tuple(int(m.group(i)) for i in range(3, 7))
-    names = [k.name for k in model_new.FUSED_TABLE if (k.mma, k.precision) == (mma, precision)
-             and (k.tile_cols, k.consumers, k.producer_warps, k.ring) == shape]
-    assert len(names) == 1, (mangled, names)
-    return names[0], m.group(7) == "1"
+    """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<...>, kSave>: the row
+    that tools/machine_code.py reads off its template arguments."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import machine_code
+
+    table = [(row, model_new.PRECISION_TAGS[row.precision]) for row in model_new.FUSED_TABLE]
+    name = machine_code.kernel_names([mangled], table)[mangled]
+    assert name.startswith("fused/"), (mangled, name)
+    parts = name.split("/")
+    return parts[1], len(parts) == 3
 
 
 # The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).

@@ -6,7 +6,6 @@
 
 namespace kb25 {
 
-// ================================================================ backward, from the saved argmin and pre-tanh min
 // With t1 = tanh(m), t2 = tanh(t1) at a pixel's saved min m, its gradient gm = g * (1 - t2^2) * (1 - t1^2) (the two
 // tanh_backward steps of the reference, in its order) flows to its argmin channel k only. Everything in fp32; one
 // rounding to the element type at the end. The reference's sums are dense (zeros times the other channels), and

@@ -61,7 +61,6 @@ inline constexpr int kArchSmemPerBlock = 163 * 1024;
 inline constexpr int kArchSmemPerBlock = kMaxSmemPerBlock;
 #endif
 
-// ================================================================ device helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

@@ -5,15 +5,15 @@
 
 namespace kb25 {
 
-// ================================================================ epilogues
-// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type.
-
+// Min over the 64 channels (NaN wins), tanh, tanh, in fp32; one rounding to the output type (16-bit: the min is
+// rounded to it as well, see kPacked).
 // wgmma D fragment: lane (g, t) of warp w holds channels 16w+g (i = 0, 1) and 16w+g+8 (i = 2, 3) at pixels
 // 8j + 2t + (i & 1). The min over the thread's two channels leaves 2 * kNBlocks values. Two halves: reduce() reads
 // the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
 // barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
-// every thread reaches after reading it.
+// every thread reaches after reading it. The 16-bit inference kernels (kHandsOff) hand the write to the producer's
+// threads instead (write_handed, HandedWrites), through kStages buffers with mbarriers.
 // - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
@@ -22,10 +22,11 @@ namespace kb25 {
 // - 16-bit, not saving (kPacked): the thread's minima rounded to the element type, two pixels a word, then one
 //   butterfly step (lanes xor 4: lane groups g and g ^ 1, each keeping half of the blocks). Each warp stores them with
 //   stmatrix, transposed, so that a 16-byte row holds the 4 group pairs' minima of two pixels kTileCols / 2 apart;
-//   the write takes the min over those 4 warps x 4 words, both pixels at once. Against the full butterfly: 16
-//   shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the MMAs' wait and the next
-//   issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write (docs/perf-notes.md,
-//   25a: staged with no butterfly step, 8 stores and 8 loads; 26a: the one step, half the staged bytes).
+//   the write (the producer's threads) takes the min over those 4 warps x 4 words, both pixels at once. Against the
+//   full butterfly: 16 shuffles, 32 selects, 16 packed mins and 4 stores instead of 28, 56, 28 and 4 between the
+//   MMAs' wait and the next issue, and 4 16-byte loads and 15 packed mins instead of 4 loads and 3 mins in the write;
+//   with no butterfly step at all, 8 stores and 8 loads and twice the staged bytes (docs/perf-notes.md, "Epilogue
+//   and the handed write").
 template <class Mainloop, bool kSave, class Schedule>
 struct WgmmaEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -77,7 +78,7 @@ struct WgmmaEpilogue {
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
   // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
-  // 168 registers and spilled 4 bytes (docs/perf-notes.md, 19c, 19g).
+  // 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the tensor cores").
   static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
@@ -191,12 +192,11 @@ struct WgmmaEpilogue {
       }
     }
   }
-  // 16-bit, not saving: two pixels a thread (kTileCols = 2 x kWarpgroup), p = ctid and p + kWarpgroup: the pair's
-  // 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to one word (pixel p in the low half, p +
-  // kWarpgroup in the high), and a store of each pixel. (Two pixels a thread came with v21's write, then adjacent and
-  // stored as one word, against one pixel a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and
-  // stores was 1.5% slower, so it keeps the loop: docs/perf-notes.md, 21b. Its loads are the staged chunks since v25,
-  // its pixels kWarpgroup apart since v26.)
+  // 16-bit, not saving (run by the producer's threads, write_handed): a pixel pair a call (kTileCols = 2 x
+  // kWarpgroup), p and p + kWarpgroup: the pair's 4 staged chunks (one a warp, 16-byte loads), 15 packed mins down to
+  // one word (pixel p in the low half, p + kWarpgroup in the high), and a store of each pixel. Two pixels at once
+  // against one a trip: bf16 and fp16 3-4% faster; the TF32 kernel with float2 loads and stores was 1.5% slower, so
+  // it keeps one pixel a trip (docs/perf-notes.md, "Epilogue and the handed write").
   static_assert(!kPacked || kTileCols == 2 * Geometry::kWarpgroup, "a packed tile is two pixels a thread");
   // Where warp w's 16 bytes of pixel pair p sit in a staged buffer: the pair owns the 64 bytes at 64 p, the warps'
   // chunks in it permuted by p / 2 (w ^ (p >> 1)). Then a stmatrix row set (8 consecutive pairs of one warp) hits 8

@@ -14,7 +14,6 @@ struct RowOut {
   float* pre_min;
 };
 
-// ================================================================ geometry
 // K is ordered (tap, channel): k-step ks covers channels (ks % kKStepsPerTap) * kMmaK .. + kMmaK - 1 of tap
 // ks / kKStepsPerTap = kh*3 + kw. A consumer is one warpgroup; one step is one output row segment of kTileCols pixels
 // x all kCout channels, computed from a ring of input rows (slots) in shared memory. A slot is laid out

@@ -53,7 +53,7 @@ struct MmaSyncMainloop {
   // One conflict-free 16-byte load per lane and pair of n-tiles.
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
-  // (docs/perf-notes.md, v23).
+  // (docs/perf-notes.md, "Producer and loads").
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     Elem* const wdst = reinterpret_cast<Elem*>(smem);
@@ -96,7 +96,7 @@ struct MmaSyncMainloop {
     // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
     // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
     // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
-    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, 17e), which sm_100 was not measured for.
+    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, "3xTF32"); sm_100 was not measured.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
     constexpr bool kOneKStepATrip = kWeightCopies == 2 && kMTiles > 1;
 #else

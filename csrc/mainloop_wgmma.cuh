@@ -6,11 +6,10 @@
 
 namespace kb25 {
 
-// ================================================================ mainloops (MMA policies)
 // Element i (< kCount) of what the CTA's kThreads threads stage into shared memory: store(i, load(i)). Each thread
 // issues all of its loads before its first store, so that they wait for memory once together: a loop of a load and a
 // store waits for each load in turn, 24 of them a thread in the wgmma kernels, which took about 2% of the 16-bit one
-// (docs/perf-notes.md, v23).
+// (docs/perf-notes.md, "Producer and loads").
 template <int kThreads, int kCount, class Load, class Store>
 __device__ __forceinline__ void stage_batched(const Load& load, const Store& store) {
   constexpr int kPer = (kCount + kThreads - 1) / kThreads;
@@ -28,13 +27,15 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
   }
 }
 
-// Both: stage_shared() writes what the consumers share (weights) before the roles split; start(acc, rows, col0, OW,
-// release_oldest, wait_newest) issues the MMAs of one step over the three slots of rows oy..oy+2 (kWaitsForNewest:
-// the caller has waited for the two older rows only, and start() calls wait_newest() before the MMAs that read the
-// newest; otherwise all three are there and it never calls it); finish(acc, release_oldest)
-// waits for them, and the step's sums are in acc, bias included. Each calls release_oldest() once per step, as soon
-// as the window's oldest row has been read (kReleasesOldestEarly: during start). wgmma runs asynchronously between
-// the two, while the consumer writes its previous step; mma.sync has issued everything when start() returns.
+// What a mainloop offers (this one and MmaSyncMainloop): stage_shared() writes what the consumers share (weights)
+// before the roles split; start(acc, rows, col0, OW, release_oldest, wait_newest) issues the MMAs of one step over the
+// three slots of rows oy..oy+2 (kWaitsForNewest: the caller has waited for the two older rows only, and start() calls
+// wait_newest() before the MMAs that read the newest; otherwise all three are there and it never calls it);
+// finish(acc, release_oldest) waits for them, and the step's sums are in acc, bias included. Each calls
+// release_oldest() once per step, as soon as the window's oldest row has been read (kReleasesOldestEarly: during
+// start). wgmma runs asynchronously between the two, while the consumer writes its previous step (where its producer
+// threads write the steps, HandedWrites, the consumer has nothing to write there); mma.sync has issued everything
+// when start() returns.
 
 // wgmma (sm_90a), operands swapped: A = the weights (M = the 64 output channels), B = the tile's input pixels (N)
 // x kMmaK channels from the slot; both from shared memory, one instruction per k-step. The weights are
@@ -42,7 +43,7 @@ __device__ __forceinline__ void stage_batched(const Load& load, const Store& sto
 // ks * kAStepBytes + j * kAKBytes + m * 128, j the k half. TF32 rounds them to nearest; Tf32x3 stores big, then
 // small, and adds small(w) * big(x) and big(w) * small(x), B from the slot's second copy. One instruction covers the
 // whole tile (N = kTileCols): the weights are read once per k-step (two 128-column parts, each reduced while the
-// other multiplied, were slower: docs/perf-notes.md, 9a, 10e and 12b-12e). The first k-step's MMA starts the
+// other multiplied, were slower: docs/perf-notes.md, "wgmma mainloop"). The first k-step's MMA starts the
 // accumulators from zero (scale-d 0). TF32 and 16-bit: the tensor cores add the bias, one more MMA a step
 // (kBiasByMma), where 128 adds a thread after the wait would hold up the next step's issue (Tf32x3 starts from moves:
 // its small products have an accumulator of their own).
@@ -64,7 +65,8 @@ struct WgmmaMainloop {
   // where |bias| >= 2^-113). The products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their
   // own fp32 accumulation, which may differ from an fp32 add in the last bit (the saving and inference variants
   // share it, so their outputs stay equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that
-  // wait for the MMAs (docs/perf-notes.md, 19c, 19g, 21a). Tf32x3 starts its accumulators from the bias instead.
+  // wait for the MMAs (docs/perf-notes.md, "Bias through the tensor cores"). Tf32x3 starts its accumulators from the
+  // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
   // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
@@ -147,8 +149,8 @@ struct WgmmaMainloop {
 
   // Its MMAs read the window until finish(): the oldest row is released there. kWaitsForNewest: the window's newest
   // row is waited for (wait_newest) only before its first k-step, so that the MMAs over the two older rows, which
-  // earlier steps waited for, are issued first and run while the consumer waits (TF32 -1%, 16-bit -0.5%; 3xTF32 +9%
-  // in one round, so it waits for the whole window first: docs/perf-notes.md, 27a).
+  // earlier steps waited for, are issued first and run while the consumer waits (TF32 -1%, 16-bit -0.5%; 3xTF32 +9%,
+  // so it waits for the whole window first: docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kReleasesOldestEarly = false;
   static constexpr bool kWaitsForNewest = Multiply::kIssuesBeforeNewest;
   template <class Release, class WaitNewest>

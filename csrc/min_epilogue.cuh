@@ -5,7 +5,6 @@
 
 namespace kb25 {
 
-// ================================================================ epilogue after a library conv
 // What the reference does after its conv: torch.min over dim 1 (the channels of a batched conv output, the rows
 // of an unbatched one), tanh, tanh. y is viewed as [outer][reduce][inner] (contiguous), out as [outer][inner].
 // Each thread reduces kVec adjacent inner elements, one 16-byte load per reduce step where the rows are aligned;

@@ -115,11 +115,7 @@ struct ThreeProducts {
       mma_sync(small, a, bs[0], bs[1], Operand<float>{});
     }
     mma_sync(small, as, bw[0], bw[1], Operand<float>{});
-    if constexpr (kFirst) {
-      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});
-    } else {
-      mma_sync(acc, a, bw[0], bw[1], Operand<Elem>{});
-    }
+    OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
   }
   // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
   __device__ static void split_fragment(uint32_t (&a)[4], uint32_t (&as)[4]) {

@@ -89,10 +89,10 @@ __host__ __device__ __forceinline__ void split_tf32_bias(float v, float (&part)[
 // tanh(tanh(v)) for a fused kernel's output. kApprox (the precision tag's kTanhApprox: bf16 and fp16): the SFU's
 // tanh.approx.f32 twice, one instruction each instead of about 14, then the one rounding to the element type. The PTX
 // ISA bounds its error by 2^-10.98 relative; over every float input it is 8.0e-6 absolute at most on the H200
-// (tools/tanh_error.py, results/h200-tanh-error.log), and test_16bit_tanh2_of_every_value holds what reaches the
-// output: every 16-bit value within an ulp of the float64 tanh(tanh(m)) and no further than the reference's two
-// roundings. fp32 outputs (TF32, 3xTF32): tanhf twice, within 2 fp32 ulps each (test_fp32_tanh2_error: 2^-20). The
-// saving and inference variants share it, so their outputs stay equal.
+// (tools/experiments/tanh_error.py; docs/perf-notes.md, "Rounding, NaN and tanh"), and test_16bit_tanh2_of_every_value
+// holds what reaches the output: every 16-bit value within an ulp of the float64 tanh(tanh(m)) and no further than the
+// reference's two roundings. fp32 outputs (TF32, 3xTF32): tanhf twice, within 2 fp32 ulps each (test_fp32_tanh2_error:
+// 2^-20). The saving and inference variants share it, so their outputs stay equal.
 template <bool kApprox>
 __device__ __forceinline__ float tanh2(float v) {
   if constexpr (kHasFused && kApprox) {

@@ -40,7 +40,7 @@ int elem_code(at::ScalarType t) {
 }
 
 // The GPU the chooser decides for: the device's own profile (torch reads its properties once per device), or,
-// while emulate_device() in model_new.py has set one, that profile: a testing aid with which one GPU stands in for
+// while emulate_device() (python/ops.py) has set one, that profile: a testing aid with which one GPU stands in for
 // GPUs it can imitate (no wgmma, less shared memory). Process-wide, not per thread: autograd's backward runs on
 // threads of its own and must decide as the forward did.
 std::atomic<bool> emulating{false};
@@ -125,7 +125,7 @@ int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_syn
 
 }  // namespace
 
-// The same checks, in the same order and words, as check_input() in model_new.py (the CPU and fake kernels); the
+// The same checks, in the same order and words, as check_input() in python/ops.py (the CPU and fake kernels); the
 // tests run one table of bad inputs through both.
 void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
@@ -152,7 +152,7 @@ bool wgmma_available() {
   return p.wgmma_built && p.sm == 90;
 }
 
-// emulate_device() (model_new.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
+// emulate_device() (python/ops.py) sets and clears the profile. It may only narrow the GPU at hand: every kernel the
 // chooser then picks must launch on it.
 void set_device_emulation(int64_t major, int64_t minor, int64_t smem_optin) {
   const kb25::DeviceProfile real = real_profile(c10::cuda::current_device());
@@ -187,8 +187,8 @@ struct Choice {
   int kernel;
 };
 
-// The decision table of backend "auto" on CUDA (README, "Which path runs"); a forced backend is checked here. Run
-// once per call: the op, resolve_backend() and fused_kernel() all read its answer.
+// The decision table of backend "auto" on CUDA (docs/design.md, "The backend decision table"); a forced backend is
+// checked here. Run once per call: the op, resolve_backend() and fused_kernel() all read its answer.
 Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
   TORCH_CHECK_VALUE(requested >= 0 && requested < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
@@ -296,7 +296,7 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
 // whichever backend ran the forward). Else autograd recomputes the reference's chain. saves_argmin() in
-// model_new.py (the fake kernel) decides the same from shapes and dtypes alone.
+// python/ops.py (the fake kernel) decides the same from shapes and dtypes alone.
 bool saves_argmin(const at::Tensor& x, const at::Tensor& weight) {
   const auto t = x.scalar_type();
   return fused_shape(x, weight) && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);

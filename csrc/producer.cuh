@@ -5,21 +5,19 @@
 
 namespace kb25 {
 
-// ================================================================ producer (global -> registers -> slot)
-// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems
-// items (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive
-// threads take consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i),
-// so a quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
+// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems items
+// (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive threads take
+// consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i), so a
+// quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
 // registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
-// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big)
-// and copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one
-// 16-byte column at a time. Those writes land 16 * kVec bytes apart across the
-// lanes, so each lane writes its columns in another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32
-// starts each lane at another column (a rotation by the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj,
-// with its two groups 4 columns apart modulo 8 (kPitchCols), the column's half of a word picked by the byte
-// permute's selector and only the word pairs swapped by selects. A thread stores only what it loaded: no barrier
-// between the two, and shared memory sees each row once. Where chunks are not 16-byte aligned (W % kVec != 0, or x
-// itself) the items are loaded element by element.
+// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big) and
+// copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one 16-byte
+// column at a time. Those writes land 16 * kVec bytes apart across the lanes, so each lane writes its columns in
+// another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32 starts each lane at another column (a rotation by
+// the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj, with its two groups 4 columns apart modulo 8
+// (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
+// selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
+// chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;
@@ -198,7 +196,8 @@ struct RowProducer {
     }
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
-  // to shared memory keep busy (docs/perf-notes.md, 13c; the rare element loads keep the non-allocating L1 path).
+  // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
+  // non-allocating L1 path).
   __device__ static uint4 load_streaming(const void* p) {
     uint4 v;
     asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"

@@ -5,7 +5,6 @@
 
 namespace kb25 {
 
-// ================================================================ the row ring (pipeline)
 // A consumer's input rows pass through kSlots shared-memory slots, each with a full and an empty mbarrier. Row d (the
 // d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
 // take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a

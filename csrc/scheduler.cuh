@@ -5,7 +5,6 @@
 
 namespace kb25 {
 
-// ================================================================ scheduler
 // Step s = (n * col_blocks + cb) * OH + oy, the output row fastest: consecutive steps slide a 3-row input window
 // down one column block of one image. Each consumer walks a contiguous range of steps; it divides once, then counts.
 struct StepWalker {

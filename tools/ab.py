@@ -80,7 +80,8 @@ def items(mod, kernels):
             key = (x.data_ptr(), x.dtype)
             if key not in state:  # the saved argmin and pre-tanh min, made once
                 _, argmin, pre_min = mod._ext.conv_min_tanh2_with_argmin(x, w, b, mod.OP_BACKENDS.index("auto"))
-                state[key] = (torch.rand(argmin.shape, device=x.device, dtype=x.dtype), argmin, pre_min)
+                gen = torch.Generator(device=x.device).manual_seed(1)  # the same gradient for A and B
+                state[key] = (torch.rand(argmin.shape, generator=gen, device=x.device, dtype=x.dtype), argmin, pre_min)
             grad, argmin, pre_min = state[key]
             return mod._ext.conv_min_tanh2_backward(grad, x, w, argmin, pre_min, True, True, True)
 

@@ -146,8 +146,8 @@ MUTANTS = {
     ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
-        """        wgmma_async(acc_small, a + (kWeightBytes >> 4), b, Operand<float>{});
-        wgmma_async(acc_small, a, b + (Geometry::kCopyBytes >> 4), Operand<float>{});""",
+        """    wgmma_async(small, a + a_small, b, Operand<float>{});
+    wgmma_async(small, a, b + b_small, Operand<float>{});""",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
     ),
@@ -277,8 +277,8 @@ MUTANTS = {
     ),
     # mma.sync's first MMA starts from zero instead of the bias fragment: no bias in any channel
     "mma_sync_bias_dropped": (
-        "            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], bias, Operand<Elem>{});",
-        "            mma_sync(acc[mt][nt], a[mt], bw[nt][0], bw[nt][1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});",
+        "      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});",
+        "      mma_sync(acc, a, bw[0], bw[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"),
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
     ),
@@ -348,7 +348,7 @@ MUTANTS = {
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product
     "mma_sync_strict_drops_a_small_product": (
-        "            mma_sync(small[mt][nt], as[mt], bw[nt][0], bw[nt][1], Operand<float>{});\n",
+        "    mma_sync(small, as, bw[0], bw[1], Operand<float>{});\n",
         "",
         ["test_other_precisions_full_size[strict_fp32]"],
     ),

@@ -2024,3 +2024,16 @@ def test_training_under_compile_and_cuda_graphs(tf32_default):
         xg.grad = None
         graphed(xg).backward(g)
         assert torch.equal(xg.grad, dx) and torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)
+
+
+# The checks of the sources, the documents and the results (tests/test_sources.py, tests/test_docs.py), collected
+# here so that this file stays the one test entry (README, .ci/run).
+def _collect(module):
+    globals().update({name: value for name, value in vars(module).items() if name.startswith("test_")})
+
+
+import tests.test_docs  # noqa: E402
+import tests.test_sources  # noqa: E402
+
+_collect(tests.test_sources)
+_collect(tests.test_docs)

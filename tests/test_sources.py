@@ -1,0 +1,116 @@
+"""CPU checks of the sources and of what the results claim about them: model_new.py is the bundle of csrc/ and python/,
+csrc/ builds on its own to the same machine code, and results/h200.json describes the kernels of this tree."""
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import machine_code  # noqa: E402
+
+RESULTS = ROOT / "results" / "h200.json"
+
+
+def _bundle(*args, root=ROOT):
+    return subprocess.run([sys.executable, str(root / "tools" / "bundle.py"), *args], capture_output=True, text=True)
+
+
+def test_bundle_is_current():
+    run = _bundle("--check")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("edit, stale", [
+    (("csrc/op.cpp", "\n// an edit the bundle has not seen\n"), "model_new.py"),
+    (("python/ops.py", "\n# an edit the bundle has not seen\n"), "model_new.py"),
+    (("python/constants.py", None), "csrc/generated/fused_table.cuh"),
+], ids=["csrc", "python", "table"])
+def test_bundle_check_names_what_is_stale(tmp_path, edit, stale):
+    for part in ("csrc", "python"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    (tmp_path / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "bundle.py", tmp_path / "tools")
+    shutil.copy(ROOT / "model_new.py", tmp_path)
+    assert _bundle("--check", root=tmp_path).returncode == 0
+    path, text = edit
+    target = tmp_path / path
+    if text is None:  # one row of the instantiation table changed: its ring grows by a slot
+        source = target.read_text()
+        row = 'FusedKernel("sm90_tf32", "wgmma", "tf32", 256, 2, 4, 5,'
+        assert source.count(row) == 1
+        target.write_text(source.replace(row, row.replace("4, 5,", "4, 6,")))
+    else:
+        target.write_text(target.read_text() + text)
+    run = _bundle("--check", root=tmp_path)
+    assert run.returncode == 1
+    assert run.stdout.count("\n") == 1 and stale in run.stdout, run.stdout
+    assert _bundle(root=tmp_path).returncode == 0 and _bundle("--check", root=tmp_path).returncode == 0
+
+
+def test_model_new_has_no_version_labels():
+    text = (ROOT / "model_new.py").read_text()
+    # "v21", "since v25", attempt ids such as "(docs/perf-notes.md, 19c, 19g)"; not PTX's ".v4" nor "1e-38f"
+    labels = re.findall(r"(?<![.\-])\bv\d{1,2}[a-z]?\b|(?<![.\-])\b\d{1,2}[a-g]\b(?=[,)])", text)
+    assert not labels, labels
+
+
+def _nvcc():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    return "nvcc"
+
+
+@functools.lru_cache(maxsize=None)
+def _bundled_digests(arch):
+    return machine_code.digests(str(ROOT / "model_new.py"), arch, _nvcc())
+
+
+def test_csrc_builds_on_its_own_to_the_bundled_machine_code(tmp_path):
+    """nvcc on csrc/launch.cu as it lies (no torch flags) gives every kernel the machine code of model_new.py's."""
+    out = tmp_path / "kernels.cubin"
+    run = subprocess.run([_nvcc(), "-cubin", "-O3", "-std=c++20", "-gencode=arch=compute_90a,code=sm_90a",
+                          str(ROOT / "csrc" / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    direct = machine_code.digests_of_cubin(out.read_bytes())
+    bundled = _bundled_digests("sm_90a")["kernels"]
+    assert sorted(direct.values()) == sorted(bundled.values())
+
+
+def test_results_describe_the_machine_code_of_this_tree():
+    """results/h200.json records a digest of each kernel's SASS from the extension its run built; nvcc here, of the
+    same version, must make the same machine code of this tree's source. A kernel change without a new run fails
+    here; a comment-only change does not."""
+    recorded = json.loads(RESULTS.read_text()).get("machine_code")
+    assert recorded, f"{RESULTS} records no machine_code: run bench.py on the H200"
+    current = _bundled_digests(recorded["arch"])
+    if recorded.get("nvcc") != current["nvcc"]:
+        pytest.skip(f"results/h200.json's kernels were built by nvcc {recorded.get('nvcc')}, this nvcc is "
+                    f"{current['nvcc']}: their machine code need not match")
+    assert machine_code.differences(recorded, current) == []
+
+
+TWO_KERNELS = r"""
+__global__ void scale(float* v) { v[threadIdx.x] *= 2.0f; }
+__global__ void shift(float* v) { v[threadIdx.x] += 1.0f; }
+"""
+
+
+def test_machine_code_digest_follows_each_kernels_code():
+    """Each kernel's digest changes with its own machine code and with nothing else: one constant of one of two
+    kernels changed changes that kernel's digest only; a comment changes none."""
+    flags = ["-O3", "-gencode=arch=compute_90a,code=sm_90a"]
+    base = machine_code.digests_of_cubin(machine_code.cubin_of(TWO_KERNELS, flags, _nvcc()))
+    edited = machine_code.digests_of_cubin(machine_code.cubin_of(TWO_KERNELS.replace("2.0f", "3.0f"), flags))
+    commented = machine_code.digests_of_cubin(machine_code.cubin_of("// a comment\n" + TWO_KERNELS, flags))
+    assert len(base) == 2 and base.keys() == edited.keys()
+    changed = [k for k in base if base[k] != edited[k]]
+    assert len(changed) == 1 and "scale" in changed[0], changed
+    assert commented == base

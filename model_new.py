@@ -853,8 +853,6 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kern
 // FusedTraits: one fused kernel's configuration (MMA, precision, tile, roles, ring), its shared-memory
 // layout and budgets, and the instantiations of the table.
 
-#include <cstddef>
-
 // The mma.sync epilogue: the min over 64 channels in registers and shuffles, tanh, tanh, store.
 
 // The mma.sync mainloop (any sm_80+ GPU): one step's MMAs, operands loaded into registers.
@@ -2355,6 +2353,34 @@ namespace kb25 {
 
 enum class MmaKind { kMmaSync, kWgmma };
 
+// Shared memory, one struct a kernel: per consumer its ring of input-row slots and its epilogue's buffers; then what
+// the consumers share (the mainloop's weights); then the ring's (full, empty) mbarriers per slot; then, where the
+// producer's threads write the consumer's steps (Schedule::kHanded), a (full, empty) mbarrier pair per staged buffer.
+// A part that a kernel does not have is left out by a specialization (no zero-length arrays: NVRTC refuses them), so
+// every member sits where the kernels were tuned.
+template <int kSlots, int kSlotBytes, int kEpilogueBytes>
+struct alignas(16) ConsumerStorage {
+  unsigned char ring[kSlots][kSlotBytes];
+  unsigned char epilogue[kEpilogueBytes];
+};
+template <int kSlots, int kSlotBytes>
+struct alignas(16) ConsumerStorage<kSlots, kSlotBytes, 0> {  // mma.sync: its epilogue works in registers
+  unsigned char ring[kSlots][kSlotBytes];
+};
+template <class Consumer, int kConsumers, int kSharedBytes, int kSlots, int kStagePairs>
+struct SharedStorage {
+  Consumer consumers[kConsumers];
+  alignas(16) unsigned char mainloop[kSharedBytes];
+  alignas(8) uint64_t ring_barriers[kConsumers][kSlots][2];
+  uint64_t stage_barriers[kConsumers][kStagePairs][2];
+};
+template <class Consumer, int kConsumers, int kSharedBytes, int kSlots>
+struct SharedStorage<Consumer, kConsumers, kSharedBytes, kSlots, 0> {  // the consumer writes its own steps
+  Consumer consumers[kConsumers];
+  alignas(16) unsigned char mainloop[kSharedBytes];
+  alignas(8) uint64_t ring_barriers[kConsumers][kSlots][2];
+};
+
 // A CTA (one per SM) is kProducerWarps producer warps and kConsumers consumer warpgroups. Each consumer has its own
 // range of steps and its own ring of kRing input-row slots with a full and an empty mbarrier each; the producer's
 // warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
@@ -2390,29 +2416,21 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   // while the step's other MMAs run: 3 slots are enough.
   static constexpr int kRing = kRing_;
   static_assert(kRing >= Geometry::kKsize + (Mainloop::kReleasesOldestEarly ? 0 : 1), "the window and the row being stored");
-  // A CTA's shared memory: per consumer its ring of input-row slots and its epilogue's buffers (both variants of a
-  // kernel share one layout); then what the consumers share (the mainloop's weights); then the ring's mbarriers; then,
-  // where the producer's threads write the consumer's steps (Schedule::kHanded), a (full, empty) mbarrier pair per
-  // staged buffer. What a kernel does not use is a zero-length array (a GNU extension nvcc and clang accept), so
-  // every member sits where the kernels were tuned.
-  struct alignas(16) ConsumerStorage {
-    unsigned char ring[kRing][Geometry::kSlotBytes];
-    unsigned char epilogue[Epilogue::kSmemBytes];
-  };
-  struct SharedStorage {
-    ConsumerStorage consumers[kConsumers];
-    alignas(16) unsigned char mainloop[Mainloop::kSmemBytes];
-    alignas(8) uint64_t ring_barriers[kConsumers][kRing][2];                   // (full, empty) per slot
-    uint64_t stage_barriers[kConsumers][Epilogue::kHandOffStages][2];          // (full, empty) per staged buffer
-  };
+  // A CTA's shared memory (SharedStorage, above), one layout for both variants of a kernel.
+  using ConsumerStorage = kb25::ConsumerStorage<kRing, Geometry::kSlotBytes, Epilogue::kSmemBytes>;
+  using SharedStorage = kb25::SharedStorage<ConsumerStorage, kConsumers, Mainloop::kSmemBytes, kRing,
+                                            Epilogue::kHandOffStages>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(sizeof(ConsumerStorage) == kRing * Geometry::kSlotBytes + Epilogue::kSmemBytes, "no padding");
-  // The kernel addresses the members by these byte offsets from the dynamic shared memory's start.
-  static constexpr int kRingBytes = offsetof(ConsumerStorage, epilogue);
+  // The kernel addresses the members by these byte offsets from the dynamic shared memory's start: the sizes of the
+  // members before each, as they lie back to back (every size is a multiple of 16; asserted: no padding anywhere).
+  static constexpr int kRingBytes = sizeof(ConsumerStorage::ring);
   static constexpr int kConsumerBytes = sizeof(ConsumerStorage);
-  static constexpr int kSharedOffset = offsetof(SharedStorage, mainloop);
-  static constexpr int kBarrierOffset = offsetof(SharedStorage, ring_barriers);
-  static constexpr int kStageBarrierOffset = offsetof(SharedStorage, stage_barriers);
+  static constexpr int kSharedOffset = sizeof(SharedStorage::consumers);
+  static constexpr int kBarrierOffset = kSharedOffset + sizeof(SharedStorage::mainloop);
+  static constexpr int kStageBarrierOffset = kBarrierOffset + sizeof(SharedStorage::ring_barriers);
+  static_assert(kConsumerBytes == kRingBytes + Epilogue::kSmemBytes &&
+                kSmemBytes == kStageBarrierOffset + kConsumers * Epilogue::kHandOffStages * 2 * 8,
+                "SharedStorage's members back to back");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory: more than any GPU gives a block");
   // Registers: every thread gets the CTA's share of the file. What a consumer keeps live across its loop (the
   // accumulators and the fragments of one k-step; the weights stay in shared memory) plus about 16, or a producer

@@ -46,6 +46,20 @@ def _run(model, x):
         return model(x)
 
 
+# The checks of the sources, the documents and the results (tests/test_sources.py, tests/test_docs.py), collected
+# here so that this file stays the one test entry (README, .ci/run). First in the run: their nvcc builds then overlap
+# the CPU tests' builds (tests/builds.py), which run in the background from the first test on.
+def _collect(module):
+    globals().update({name: value for name, value in vars(module).items() if name.startswith("test_")})
+
+
+import tests.test_docs  # noqa: E402
+import tests.test_sources  # noqa: E402
+
+_collect(tests.test_sources)
+_collect(tests.test_docs)
+
+
 # ================================================================================================ CPU tests
 def test_seeded_init_matches_reference():
     for seed in (0, 7):
@@ -380,425 +394,6 @@ def test_exact_fp32_misses_the_tf32_reference(seed):
     assert compare(model_new.reference_math(harness.round_tf32(x), harness.round_tf32(w), b), tf32_ref)[0]
 
 
-def _nvcc(std="c++17"):
-    """nvcc with torch's flags, under C++ standard `std` (None: no -std, nvcc's default unless more flags give one)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # the flags torch's extension build adds
-
-    # Without --expt-relaxed-constexpr, which torch adds: the source is meant to build with plain nvcc too
-    # (cuda_source()), and with it a host-only constexpr function called from device code would go unnoticed.
-    return [nvcc, *([f"-std={std}"] if std else []), "-O3",
-            *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
-
-
-def _ptxas_report(tmp_path, arch="90a", std="c++17"):
-    src = tmp_path / "kernels.cu"
-    src.write_text(model_new.cuda_source())
-    cmd = [*_nvcc(std), "-c", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v", str(src), "-o",
-           str(tmp_path / f"kernels_{arch}.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stderr
-
-
-def _host_program(tmp_path, name, main):
-    """The CUDA source with `main` appended, built for the host (and sm_80) with nvcc: the path of the executable."""
-    src, exe = tmp_path / f"{name}.cu", tmp_path / name
-    src.write_text(model_new.cuda_source() + main)
-    proc = subprocess.run([*_nvcc(), "-gencode=arch=compute_80,code=sm_80", str(src), "-o", str(exe)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return exe
-
-
-def _ptxas_kernels(report):
-    """ptxas's report split per kernel (mangled name -> its lines), after checking that it has no warning and that
-    no kernel uses a stack frame or spills."""
-    assert "warning" not in report.lower(), report
-    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
-    kernels = {b.split("'")[1]: b for b in blocks}
-    for name, block in kernels.items():
-        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
-    return kernels
-
-
-# Every arch the issue of portability names (torch's CUDA builds target these); sm_90 is built as sm_90a.
-BUILD_ARCHS = ["75", "80", "86", "89", "90a", "100", "120"]
-
-
-SMEM_MAIN = r"""
-#include <cstdio>
-int main() {
-  for (int k = 0; k < @KERNELS@; ++k) std::printf("%d\n", fused_kernel_smem_bytes(k));
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def fused_smem_bytes(tmp_path_factory):
-    """Each FUSED_TABLE row's shared memory per CTA, from the CUDA source's host code (no GPU needed)."""
-    exe = _host_program(tmp_path_factory.mktemp("smem"), "smem",
-                        SMEM_MAIN.replace("@KERNELS@", str(len(model_new.FUSED_TABLE))))
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    assert len(out) == len(model_new.FUSED_KERNELS), out
-    return dict(zip(model_new.FUSED_KERNELS, map(int, out)))
-
-
-# The C++ standards the source is built under: model_new passes C++20 (torch 2.14's headers refuse C++17), C++17 for a
-# torch built with CUDA 11, whose nvcc has no C++20.
-CXX_STANDARDS = ["c++17", "c++20"]
-
-
-@pytest.mark.parametrize("std", CXX_STANDARDS)
-@pytest.mark.parametrize("arch", BUILD_ARCHS)
-def test_cuda_source_compiles_for_every_arch_without_spills(tmp_path, arch, std, fused_smem_bytes):
-    """The CUDA source compiles for each arch and standard with no warning, stack frame or spill: the fused kernels
-    where the arch has their instructions (mma.sync from sm_80, wgmma on sm_90a) and gives a block their shared
-    memory, empty elsewhere; the epilogue kernel everywhere."""
-    report = _ptxas_report(tmp_path, arch, std)
-    kernels = _ptxas_kernels(report)
-    fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
-    # each table row, once for inference and once saving the argmin for the backward
-    assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
-    epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
-    assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel"):  # every arch, 3 dtypes
-        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
-    regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
-    for row in model_new.FUSED_TABLE:
-        runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
-        runs_here &= fused_smem_bytes[row.name] <= SMEM_OPTIN_BY_ARCH[int(arch.rstrip("a"))]
-        # A kernel compiled in holds its accumulators in registers (64 channels x tile columns over the 128 threads of
-        # a consumer, twice for 3xTF32); one compiled out is an empty body.
-        acc = 64 * row.tile_cols // 128 * (2 if row.precision == "strict_fp32" else 1)
-        for save in (False, True):
-            key = (row.name, save)
-            assert (regs[key] >= acc) if runs_here else (regs[key] < 16), (arch, key, fused[key])
-    if arch == "90a":
-        # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
-        # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
-        assert "potential performance loss" not in report.lower(), report
-
-
-@pytest.mark.parametrize("tool", ["hmma_rate.cu", "wgmma_rate.cu"])
-def test_rate_tools_compile_without_spills(tmp_path, tool):
-    """The tensor-core rate probes of tools/ (docs/perf-notes.md quotes their output) still build for sm_90a, with no
-    spill: a spilled accumulator would time local memory, not the tensor cores."""
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", tool)
-    cmd = [_nvcc()[0], "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", src, "-o",
-           str(tmp_path / "rate")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    spills = re.findall(r"(\d+) bytes spill stores", proc.stderr)
-    assert spills and all(n == "0" for n in spills), proc.stderr[-4000:]
-
-
-@pytest.mark.parametrize("cuda, std", [("13.0", "c++20"), ("12.8", "c++20"), ("12.0", "c++20"), ("11.8", "c++17"),
-                                       (None, "c++20")])
-def test_build_standard_follows_the_cuda_torch_was_built_with(monkeypatch, cuda, std):
-    """model_new's nvcc flags carry C++20 (torch 2.14's headers refuse nvcc's default C++17), C++17 only for a torch
-    built with CUDA 11 (no C++20 in its nvcc), whatever torch headers are installed."""
-    monkeypatch.setattr(torch.version, "cuda", cuda)
-    assert model_new._cuda_cflags(["-gencode=arch=compute_86,code=sm_86"]) == \
-        ["-O3", f"-std={std}", "-gencode=arch=compute_86,code=sm_86"]
-
-
-# Headers of the CUDA math libraries, which ATen/cuda/CUDAContext.h includes (CUDAContextLight.h).
-CUDA_MATH_LIBRARY_HEADER = re.compile(r"\b(?:cublas|cusparse|cusolver|cudss)\w*\.h\b")
-
-
-def test_host_code_needs_no_cuda_math_library_headers(tmp_path):
-    """The C++ side of the extension (cpp_source, as load_inline compiles it) includes torch's headers and the CUDA
-    runtime's, not those of cuBLAS, cuSPARSE, cuSOLVER or cuDSS: a CUDA install of the compiler and runtime alone
-    (beside a CUDA build of torch, whose libraries come as wheels) lacks them, and there the build, and so the import
-    of model_new, failed on every GPU. g++ lists what the source includes (-M), missing headers too (-MG)."""
-    proc = _compile_host_code(tmp_path, ["-M", "-MG"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found = sorted(set(CUDA_MATH_LIBRARY_HEADER.findall(proc.stdout)))
-    assert not found, f"the host code includes {found}"
-
-
-def _compile_host_code(tmp_path, flags, include_dirs=()):
-    """g++ on the C++ side of the extension (cpp_source, after torch/extension.h, as load_inline compiles it) with
-    torch's include paths, Python's (pybind11 needs it) and include_dirs."""
-    from torch.utils.cpp_extension import include_paths
-
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not on PATH")
-    src = tmp_path / "main.cpp"
-    src.write_text("#include <torch/extension.h>\n" + model_new.cpp_source())
-    includes = [*include_paths(), sysconfig.get_paths()["include"], *include_dirs]
-    cmd = [gxx, "-std=c++20", *flags, *(f"-I{p}" for p in includes), str(src)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
-def test_build_finds_the_cuda_toolkit_where_torchs_guess_has_no_headers(tmp_path):
-    """torch takes the CUDA toolkit (CUDA_HOME) to be two levels above the nvcc on PATH. For an nvcc that is a wrapper
-    script outside the toolkit (/usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) that is a directory with no
-    CUDA headers, and the C++ side of the build failed there ("cuda_runtime.h: No such file"), on every GPU. Here such
-    a home (bin/nvcc a wrapper script, no include/): model_new._toolkit_paths must name nvcc's own include and library
-    directories (cuda_runtime.h, libcudart), and the C++ source must compile with them. Where the home holds the
-    headers it adds nothing."""
-    import glob
-
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    wrapper = tmp_path / "home" / "bin" / "nvcc"
-    wrapper.parent.mkdir(parents=True)
-    wrapper.write_text(f'#!/bin/sh\nexec "{os.path.realpath(nvcc)}" "$@"\n')
-    wrapper.chmod(0o755)
-    include_dirs, library_dirs = model_new._toolkit_paths(str(tmp_path / "home"))
-    assert any(os.path.isfile(os.path.join(d, "cuda_runtime.h")) for d in include_dirs), include_dirs
-    assert any(glob.glob(os.path.join(d, "libcudart.so*")) for d in library_dirs), library_dirs
-    from torch.utils.cpp_extension import include_paths
-
-    stub = tmp_path / "stub"
-    macros = "c10/cuda/impl/cuda_cmake_macros.h"  # generated at torch's build; a CPU wheel ships without it
-    if not any(os.path.isfile(os.path.join(p, macros)) for p in include_paths()):
-        (stub / macros).parent.mkdir(parents=True)
-        (stub / macros).write_text("")
-    proc = _compile_host_code(tmp_path, ["-fsyntax-only"], [*include_dirs, str(stub)])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    full = tmp_path / "full"
-    (full / "include").mkdir(parents=True)
-    (full / "include" / "cuda_runtime.h").write_text("")
-    assert model_new._toolkit_paths(str(full)) == ([], [])
-
-
-# torch 2.14's check in ATen.h, which refuses C++17 (its headers are not installed here: CI installs 2.13's)
-NEWER_TORCH_HEADER_CHECK = "#if !defined(_MSC_VER) && __cplusplus < 202002L\n#error C++20 or later compatible compiler " \
-                           "is required to use ATen.\n#endif"
-
-
-@pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
-def test_cuda_source_compiles_after_torchs_headers(tmp_path, arch):
-    """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):
-    torch's headers first, then the CUDA source, under torch's flags and model_new's own, whose standard must be one
-    that every torch's headers accept: those installed here, and torch 2.14's check, which refuses C++17 (nvcc's
-    default). cuda_fp16.h and cuda_bf16.h are then included under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no
-    conversion operators, so the source converts between element types by intrinsics (with the operators it failed
-    to build there, on every arch)."""
-    from torch.utils.cpp_extension import include_paths
-
-    if model_new._cuda_std() != "c++20":
-        pytest.skip("torch built with CUDA 11: its nvcc has no C++20, and torch 2.14's headers are not for it")
-    src = tmp_path / "cuda.cu"
-    src.write_text("\n".join([NEWER_TORCH_HEADER_CHECK, "#include <torch/types.h>", "#include <cuda.h>",
-                              "#include <cuda_runtime.h>", model_new.cuda_source()]))
-    flags = model_new._cuda_cflags([f"-gencode=arch=compute_{arch},code=sm_{arch}"])
-    cmd = [*_nvcc(None), *(f"-I{p}" for p in include_paths()), *flags, "-c", str(src), "-o", str(tmp_path / "cuda.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-
-@pytest.mark.parametrize("arch", ["86", "100", "120"])  # the GPUs the H200 only stands in for, one per generation
-def test_device_code_builds_with_cuda_12_8(tmp_path, arch):
-    """What a GPU user builds with is the CUDA their torch was built with (torch's cu126 and cu128 wheels: CUDA 12),
-    where CI's nvcc is 13.0: every kernel of the CUDA source built by CUDA 12.8's front end (NVRTC, from PyPI) and
-    ptxas, with no error, no missing kernel, stack frame or spill (tools/toolkit_build.py; host code not covered)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
-    import toolkit_build
-
-    try:
-        root = toolkit_build.fetch("12.8")
-    except toolkit_build.FetchError as e:
-        pytest.skip(f"CUDA 12.8's NVRTC and ptxas could not be fetched from PyPI: {e}")
-    problems, report = toolkit_build.build(root, "12.8", arch, str(tmp_path))
-    assert not problems, f"{problems}\n{report[-4000:]}"
-
-
-@pytest.mark.parametrize("args, expected", [
-    (["--cuda", "13.0", "--arch", "86"], "--cuda: expected a CUDA 11 or 12 release such as 12.8, got '13.0'"),
-    (["--cuda", "12.8", "--arch", "sm_86"], "--arch: expected a compute capability such as 86 or 100, got 'sm_86'"),
-])
-def test_toolkit_build_refuses_bad_arguments_in_one_line(tmp_path, args, expected):
-    """tools/toolkit_build.py: a release it cannot fetch or an arch nvcc does not spell so is an argument error (exit
-    2, one line naming what was expected and what came), before anything is fetched or any directory made."""
-    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "toolkit_build.py")
-    workdir = tmp_path / "work"
-    proc = subprocess.run([sys.executable, tool, *args, "--workdir", str(workdir)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert proc.stderr.strip().splitlines()[-1].endswith(expected), proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert not workdir.exists()
-
-
-def _instantiation(mangled):
-    """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<...>, kSave>: the row
-    that tools/machine_code.py reads off its template arguments."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
-    import machine_code
-
-    table = [(row, model_new.PRECISION_TAGS[row.precision]) for row in model_new.FUSED_TABLE]
-    name = machine_code.kernel_names([mangled], table)[mangled]
-    assert name.startswith("fused/"), (mangled, name)
-    parts = name.split("/")
-    return parts[1], len(parts) == 3
-
-
-# The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).
-SMEM_OPTIN_BY_ARCH = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
-                      90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
-CHOOSER_MAIN = r"""
-#include <cstdio>
-int main() {
-  const int sms[] = {@SMS@};
-  const int smem[] = {@SMEM@};
-  for (int i = 0; i < (int)(sizeof(sms) / sizeof(sms[0])); ++i)
-    for (int wgmma = 0; wgmma < 2; ++wgmma)
-      for (int p = 0; p < @PRECISIONS@; ++p)
-        for (int mma_sync_only = 0; mma_sync_only < 2; ++mma_sync_only) {
-          const int k = choose_fused_kernel(p, kb25::DeviceProfile{sms[i], smem[i], wgmma == 1}, mma_sync_only == 1);
-          std::printf("%d %d %d %d %d %d\n", sms[i], wgmma, p, mma_sync_only, k, fused_kernel_smem_bytes(k));
-        }
-  return 0;
-}
-"""
-
-
-def test_chooser_picks_only_kernels_each_arch_can_launch(tmp_path):
-    """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision and backend:
-    what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is nothing
-    below sm_80, and exists for every precision on every sm_80+ arch (fused everywhere from sm_80)."""
-    sms = sorted(SMEM_OPTIN_BY_ARCH)
-    exe = _host_program(tmp_path, "chooser", CHOOSER_MAIN.replace("@SMS@", ", ".join(map(str, sms))).replace(
-        "@SMEM@", ", ".join(str(SMEM_OPTIN_BY_ARCH[s]) for s in sms)).replace(
-        "@PRECISIONS@", str(len(model_new.PRECISIONS))))
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
-    rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
-    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * 2
-    for sm, wgmma_built, precision, mma_sync_only, kernel, smem in rows:
-        where = (sm, wgmma_built, model_new.PRECISIONS[precision], mma_sync_only)
-        if sm < 80:
-            assert kernel == -1, where
-            continue
-        assert kernel >= 0, f"nothing fused for {where}"
-        row = model_new.FUSED_TABLE[kernel]
-        assert row.precision == model_new.PRECISIONS[precision], (where, row)
-        assert 0 < smem <= SMEM_OPTIN_BY_ARCH[sm], (where, row, smem)
-        assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
-
-
-ARGMIN_MAIN = r"""
-#include <cstdio>
-#include <cstring>
-// Each input line: n, then n floats as their bits. Each output line: the (value bits, channel) that keep_min leaves
-// when folding the values in order, in reverse order, and as a butterfly (pairs, then pairs of pairs, ...).
-int main() {
-  int n;
-  while (std::scanf("%d", &n) == 1) {
-    float v[64];
-    int ch[64];
-    for (int i = 0; i < n; ++i) {
-      unsigned bits;
-      std::scanf("%x", &bits);
-      std::memcpy(&v[i], &bits, 4);
-    }
-    float a = v[0], b = v[n - 1];
-    int ia = 0, ib = n - 1;
-    for (int i = 1; i < n; ++i) kb25::keep_min(a, ia, v[i], i);
-    for (int i = n - 2; i >= 0; --i) kb25::keep_min(b, ib, v[i], i);
-    for (int i = 0; i < n; ++i) ch[i] = i;
-    for (int step = 1; step < n; step *= 2)
-      for (int i = 0; i + step < n; i += 2 * step) kb25::keep_min(v[i], ch[i], v[i + step], ch[i + step]);
-    unsigned ba, bb, bc;
-    std::memcpy(&ba, &a, 4);
-    std::memcpy(&bb, &b, 4);
-    std::memcpy(&bc, &v[0], 4);
-    std::printf("%08x %d %08x %d %08x %d\n", ba, ia, bb, ib, bc, ch[0]);
-  }
-  return 0;
-}
-"""
-
-
-def test_argmin_order_is_torch_mins_in_any_fold_order(tmp_path):
-    """keep_min (the saving epilogues' combine, host code of the CUDA source) folded over 64-channel pixels in three
-    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own) gives
-    torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
-    lowest channel. Pixels drawn from a few values (many ties, NaN, +-inf, +-0) and from random floats."""
-    gen = torch.Generator().manual_seed(0)
-    numbers = torch.tensor([float("-inf"), float("inf"), -1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
-    pools = [numbers, torch.cat([numbers, torch.tensor([float("nan")])]), torch.tensor([0.0, 1.0]),
-             torch.tensor([float("nan"), 0.0])]  # ties among numbers, NaN among them, few values, NaN or zero
-    rows = [pool[torch.randint(len(pool), (n,), generator=gen)] for pool in pools for n in (1, 2, 3, 5, 16, 64)
-            for _ in range(20)]
-    rows += [torch.randn(64, generator=gen) for _ in range(50)]
-    assert sum(not r.isnan().any() and (r == r.min()).sum() > 1 for r in rows) > 100  # ties at the min
-    exe = _host_program(tmp_path, "argmin", ARGMIN_MAIN)
-    stdin = "".join(f"{len(r)} " + " ".join(f"{b & 0xFFFFFFFF:08x}" for b in r.view(torch.int32).tolist()) + "\n"
-                    for r in rows)
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=60, check=True).stdout
-    results = [line.split() for line in out.splitlines()]
-    assert len(results) == len(rows)
-    for r, got in zip(rows, results):
-        value, index = torch.min(r, dim=0)
-        for bits, channel in zip(got[0::2], got[1::2]):
-            folded = torch.tensor([int(bits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
-            assert int(channel) == int(index), (r.tolist(), got)
-            assert (folded.isnan() and value.isnan()) or folded == value, (r.tolist(), got)
-
-
-SPLIT_MAIN = r"""
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-// split_tf32_bias on every float bit pattern: what a tensor core reads of each part (its 19 top bits) must add up to
-// the value exactly where |v| >= 2^-113 (each part then TF32 as it stands), within 2^-136 below; an infinity is part 0
-// alone, a NaN stays a NaN in what the tensor core reads.
-static float top(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, 4);
-  u &= 0xFFFFE000u;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-int main() {
-  unsigned long long bad = 0, checked = 0;
-  unsigned first_bad = 0;
-  for (unsigned long long b = 0; b <= 0xFFFFFFFFull; ++b) {
-    const unsigned bits = (unsigned)b;
-    float v;
-    std::memcpy(&v, &bits, 4);
-    float part[3];
-    kb25::split_tf32_bias(v, part);
-    const float t0 = top(part[0]), t1 = top(part[1]), t2 = top(part[2]);
-    bool ok;
-    if (std::isnan(v)) {
-      ok = std::isnan(t0) && part[1] == 0.f && part[2] == 0.f;
-    } else if (std::isinf(v)) {
-      ok = t0 == v && part[1] == 0.f && part[2] == 0.f;
-    } else {
-      const double sum = (double)t0 + (double)t1 + (double)t2;
-      ok = std::isfinite(part[0]) && (std::fabs((double)v) >= std::ldexp(1.0, -113)
-                                          ? t0 == part[0] && t1 == part[1] && t2 == part[2] && sum == (double)v
-                                          : std::fabs(sum - (double)v) < std::ldexp(1.0, -136));
-    }
-    if (!ok && bad++ == 0) first_bad = bits;
-    ++checked;
-  }
-  std::printf("%llu %llu %08x\n", checked, bad, first_bad);
-  return 0;
-}
-"""
-
-
-def test_split_tf32_bias_on_every_float(tmp_path):
-    """The wgmma TF32 kernel adds the fp32 bias through the tensor cores as three TF32 parts (split_tf32_bias, host
-    code of the CUDA source). Over all 2^32 bit patterns: the parts as a tensor core reads them sum to the bias
-    exactly (within 2^-136 below |bias| = 2^-113, where TF32 has no room for the last bits), part 0 never overflows,
-    an infinity is part 0 alone and a NaN stays a NaN."""
-    exe = _host_program(tmp_path, "split", SPLIT_MAIN)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, check=True).stdout.split()
-    assert int(out[0]) == 2 ** 32
-    assert int(out[1]) == 0, f"{out[1]} bit patterns split wrong, the first 0x{out[2]}"
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--trials", "5"], "--trials must be at least 20"),
     (["--spread-processes", "2"], "--spread-processes must be 0 or at least 3, got 2"),
@@ -868,9 +463,10 @@ def test_every_mutant_edits_the_current_source():
 
 
 def test_timeline_stamps_the_current_source():
-    """tools/timeline.py stamps a copy of model_new.py by textual edits: each anchor must be there exactly once, so
-    that every stamp it reports is where its name says (the consumer's six a step, the producer's four a row)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    """tools/experiments/timeline.py stamps a copy of model_new.py by textual edits: each anchor must be there exactly
+    once, so that every stamp it reports is where its name says (the consumer's six a step, the producer's four a
+    row)."""
+    sys.path.insert(0, os.path.join(HERE, "tools", "experiments"))
     import timeline
 
     with open(model_new.__file__) as f:
@@ -967,6 +563,490 @@ def test_kernelbench_static_checker_accepts_the_submission():
         assert valid and not errors, (precision, errors)
         for warning in warnings:
             assert warning in readme, f"{precision}: warning {warning!r} is not explained in README.md"
+
+
+def _nvcc(std="c++17"):
+    """nvcc with torch's flags, under C++ standard `std` (None: no -std, nvcc's default unless more flags give one)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS  # the flags torch's extension build adds
+
+    # Without --expt-relaxed-constexpr, which torch adds: the source is meant to build with plain nvcc too
+    # (cuda_source()), and with it a host-only constexpr function called from device code would go unnoticed.
+    return [nvcc, *([f"-std={std}"] if std else []), "-O3",
+            *(f for f in COMMON_NVCC_FLAGS if f != "--expt-relaxed-constexpr")]
+
+
+# The compiler runs of the CPU tests below, each once a session and side by side (tests/builds.py): the session's
+# first test starts every one that the selected tests will wait for (_start_builds), and each test asserts on its own.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "tests"))
+import builds  # noqa: E402
+
+BUILDS = builds.Jobs()
+# Start order: the host programs first (the first test to wait needs them), then the longest builds.
+PRIORITY = {"host": 1, "torch_headers": 2, "source": 3, "toolkit": 4, "split": 5, "other": 6}
+SOURCE_TARGETS = builds.SourceTargets(BUILDS, model_new.cuda_source, _nvcc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_builds(request):
+    """At the session's first test, starts the builds that the selected tests will wait for, so that they run side by
+    side and beside the tests that need none; at its end, stops what is left. A build that cannot start here (no
+    nvcc, no g++) is left to its test, which says why."""
+    wanted = {}
+    for item in request.session.items:
+        wanted.setdefault(getattr(item, "originalname", item.name), []).append(
+            getattr(getattr(item, "callspec", None), "params", {}))
+    starters = [
+        ("test_cuda_source_compiles_for_every_arch_without_spills", lambda p: _start_host_programs(PRIORITY["host"])),
+        ("test_chooser_picks_only_kernels_each_arch_can_launch", lambda p: _start_host_programs(PRIORITY["host"])),
+        ("test_argmin_order_is_torch_mins_in_any_fold_order", lambda p: _start_host_programs(PRIORITY["host"])),
+        ("test_cuda_source_compiles_after_torchs_headers", lambda p: model_new._cuda_std() == "c++20" and _nvcc(None)
+         and TORCH_HEADERS.start([q["arch"] for q in p], PRIORITY["torch_headers"])),
+        ("test_cuda_source_compiles_for_every_arch_without_spills", lambda p: SOURCE_TARGETS.start(
+            [(q["arch"], q["std"]) for q in p], PRIORITY["source"])),
+        ("test_device_code_builds_with_cuda_12_8", lambda p: _start_toolkit_builds([q["arch"] for q in p],
+                                                                                   PRIORITY["toolkit"])),
+        ("test_split_tf32_bias_on_every_float", lambda p: _start_split_slices(PRIORITY["split"])),
+        ("test_build_finds_the_cuda_toolkit_where_torchs_guess_has_no_headers",
+         lambda p: _start_toolkit_syntax_check(PRIORITY["other"])),
+        ("test_rate_tools_compile_without_spills", lambda p: [_start_rate_tool(q["tool"], PRIORITY["other"])
+                                                              for q in p]),
+        ("test_host_code_needs_no_cuda_math_library_headers",
+         lambda p: _start_host_code(HOST_CODE_INCLUDES, priority=PRIORITY["other"])),
+    ]
+    for name, start in starters:
+        if name in wanted:
+            try:
+                start(wanted[name])
+            except (Exception, pytest.skip.Exception):
+                pass  # the test starts it again and reports what fails
+    yield
+    BUILDS.close()
+
+
+def _ptxas_report(arch="90a", std="c++17"):
+    """What `nvcc -c -gencode=arch=compute_<arch>,code=sm_<arch> -Xptxas -v` prints for the CUDA source under `std`:
+    ptxas's report of every kernel. Built once a session for all the tests that read it (tests/builds.py)."""
+    _nvcc(std)  # skips where there is no nvcc
+    returncode, report = SOURCE_TARGETS.report(arch, std)
+    assert returncode == 0, report
+    return report
+
+
+# The host programs (tests/host/*.cpp: smem, chooser, argmin, split; main.cpp picks one by its first argument),
+# appended to the CUDA source and built once into one executable. Its device code never runs and the host code is the
+# same whatever the target (it sees no __CUDA_ARCH__), so the target is the cheapest: sm_75's PTX, where the fused
+# kernels are empty.
+HOST_PROGRAMS = ["smem.cpp", "chooser.cpp", "argmin.cpp", "split.cpp", "main.cpp"]
+HOST_PROGRAM_TARGET = "-gencode=arch=compute_75,code=compute_75"
+
+
+def _build_host_programs(flags):
+    directory = BUILDS.directory("host")
+    src, exe = os.path.join(directory, "host.cu"), os.path.join(directory, "host")
+    parts = [model_new.cuda_source()]
+    for name in HOST_PROGRAMS:
+        path = os.path.join(HERE, "tests", "host", name)
+        with open(path) as f:
+            parts.append(f'#line 1 "{path}"\n{f.read()}')
+    with open(src, "w") as f:
+        f.write("\n".join(parts))
+    proc = BUILDS.run([*flags, HOST_PROGRAM_TARGET, src, "-o", exe], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return exe
+
+
+def _start_host_programs(priority=builds.URGENT):
+    flags = _nvcc()  # skips where there is no nvcc
+    return BUILDS.submit(("host-programs",), lambda: _build_host_programs(flags), priority)
+
+
+def _host_program(*args, input=None, timeout=60):
+    """The stdout of the host program args[0] (tests/host/) run with the other args, and `input` on its stdin."""
+    _start_host_programs()
+    exe = BUILDS.result(("host-programs",), None)
+    return subprocess.run([exe, *args], input=input, capture_output=True, text=True, timeout=timeout,
+                          check=True).stdout
+
+
+def _ptxas_kernels(report):
+    """ptxas's report split per kernel (mangled name -> its lines), after checking that it has no warning and that
+    no kernel uses a stack frame or spills."""
+    assert "warning" not in report.lower(), report
+    blocks = re.split(r"ptxas info\s*: Compiling entry function ", report)[1:]
+    kernels = {b.split("'")[1]: b for b in blocks}
+    for name, block in kernels.items():
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", block), f"{name}\n{block}"
+    return kernels
+
+
+# Every arch the issue of portability names (torch's CUDA builds target these); sm_90 is built as sm_90a.
+BUILD_ARCHS = ["75", "80", "86", "89", "90a", "100", "120"]
+
+
+@pytest.fixture(scope="module")
+def fused_smem_bytes():
+    """Each FUSED_TABLE row's shared memory per CTA, from the CUDA source's host code (no GPU needed)."""
+    out = _host_program("smem", str(len(model_new.FUSED_TABLE))).split()
+    assert len(out) == len(model_new.FUSED_KERNELS), out
+    return dict(zip(model_new.FUSED_KERNELS, map(int, out)))
+
+
+# The C++ standards the source is built under: model_new passes C++20 (torch 2.14's headers refuse C++17), C++17 for a
+# torch built with CUDA 11, whose nvcc has no C++20.
+CXX_STANDARDS = ["c++17", "c++20"]
+
+
+@pytest.mark.parametrize("std", CXX_STANDARDS)
+@pytest.mark.parametrize("arch", BUILD_ARCHS)
+def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_smem_bytes):
+    """The CUDA source compiles for each arch and standard with no warning, stack frame or spill: the fused kernels
+    where the arch has their instructions (mma.sync from sm_80, wgmma on sm_90a) and gives a block their shared
+    memory, empty elsewhere; the epilogue kernel everywhere."""
+    report = _ptxas_report(arch, std)
+    kernels = _ptxas_kernels(report)
+    fused = {_instantiation(k): b for k, b in kernels.items() if "conv3x3_min_tanh2_kernel" in k}
+    # each table row, once for inference and once saving the argmin for the backward
+    assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
+    epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
+    assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
+    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel"):  # every arch, 3 dtypes
+        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
+    regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
+    for row in model_new.FUSED_TABLE:
+        runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
+        runs_here &= fused_smem_bytes[row.name] <= SMEM_OPTIN_BY_ARCH[int(arch.rstrip("a"))]
+        # A kernel compiled in holds its accumulators in registers (64 channels x tile columns over the 128 threads of
+        # a consumer, twice for 3xTF32); one compiled out is an empty body.
+        acc = 64 * row.tile_cols // 128 * (2 if row.precision == "strict_fp32" else 1)
+        for save in (False, True):
+            key = (row.name, save)
+            assert (regs[key] >= acc) if runs_here else (regs[key] < 16), (arch, key, fused[key])
+    if arch == "90a":
+        # ptxas notes (C75xx, "Potential Performance Loss") when it serialises wgmma, e.g. for accumulator registers
+        # touched while their MMAs may still run, or wgmma issued under a branch it cannot prove uniform.
+        assert "potential performance loss" not in report.lower(), report
+
+
+RATE_TOOLS = ["hmma_rate.cu", "wgmma_rate.cu"]
+
+
+def _start_rate_tool(tool, priority=builds.URGENT):
+    src = os.path.join(HERE, "tools", "experiments", tool)
+    cmd = [_nvcc()[0], "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", src, "-o",
+           os.path.join(BUILDS.directory("rate"), tool[:-len(".cu")])]
+    return BUILDS.submit(("rate", tool), lambda: BUILDS.run(cmd, timeout=300), priority)
+
+
+@pytest.mark.parametrize("tool", RATE_TOOLS)
+def test_rate_tools_compile_without_spills(tool):
+    """The tensor-core rate probes of tools/experiments/ (docs/perf-notes.md quotes their output) still build for
+    sm_90a, with no spill: a spilled accumulator would time local memory, not the tensor cores."""
+    _start_rate_tool(tool)
+    proc = BUILDS.result(("rate", tool), None)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spills = re.findall(r"(\d+) bytes spill stores", proc.stderr)
+    assert spills and all(n == "0" for n in spills), proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("cuda, std", [("13.0", "c++20"), ("12.8", "c++20"), ("12.0", "c++20"), ("11.8", "c++17"),
+                                       (None, "c++20")])
+def test_build_standard_follows_the_cuda_torch_was_built_with(monkeypatch, cuda, std):
+    """model_new's nvcc flags carry C++20 (torch 2.14's headers refuse nvcc's default C++17), C++17 only for a torch
+    built with CUDA 11 (no C++20 in its nvcc), whatever torch headers are installed."""
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    assert model_new._cuda_cflags(["-gencode=arch=compute_86,code=sm_86"]) == \
+        ["-O3", f"-std={std}", "-gencode=arch=compute_86,code=sm_86"]
+
+
+# Headers of the CUDA math libraries, which ATen/cuda/CUDAContext.h includes (CUDAContextLight.h).
+CUDA_MATH_LIBRARY_HEADER = re.compile(r"\b(?:cublas|cusparse|cusolver|cudss)\w*\.h\b")
+
+
+def test_host_code_needs_no_cuda_math_library_headers():
+    """The C++ side of the extension (cpp_source, as load_inline compiles it) includes torch's headers and the CUDA
+    runtime's, not those of cuBLAS, cuSPARSE, cuSOLVER or cuDSS: a CUDA install of the compiler and runtime alone
+    (beside a CUDA build of torch, whose libraries come as wheels) lacks them, and there the build, and so the import
+    of model_new, failed on every GPU. g++ lists what the source includes (-M), missing headers too (-MG)."""
+    proc = _compile_host_code(HOST_CODE_INCLUDES)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = sorted(set(CUDA_MATH_LIBRARY_HEADER.findall(proc.stdout)))
+    assert not found, f"the host code includes {found}"
+
+
+HOST_CODE_INCLUDES = ["-M", "-MG"]  # g++ lists what the source includes, missing headers too
+HOST_CODE_SYNTAX = ["-fsyntax-only"]
+
+
+def _start_host_code(flags, include_dirs=(), priority=builds.URGENT):
+    """g++ on the C++ side of the extension (cpp_source, after torch/extension.h, as load_inline compiles it) with
+    torch's include paths, Python's (pybind11 needs it) and include_dirs: its key in BUILDS."""
+    from torch.utils.cpp_extension import include_paths
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not on PATH")
+    key = ("g++", tuple(flags), tuple(include_dirs))
+    includes = [*include_paths(), sysconfig.get_paths()["include"], *include_dirs]
+
+    def compile():
+        src = os.path.join(BUILDS.directory(f"g++-{abs(hash(key))}"), "main.cpp")
+        with open(src, "w") as f:
+            f.write("#include <torch/extension.h>\n" + model_new.cpp_source())
+        return BUILDS.run([gxx, "-std=c++20", *flags, *(f"-I{p}" for p in includes), src], timeout=300)
+
+    BUILDS.submit(key, compile, priority)
+    return key
+
+
+def _compile_host_code(flags, include_dirs=()):
+    """The CompletedProcess of _start_host_code's g++ run, once a session for each set of flags and include_dirs."""
+    return BUILDS.result(_start_host_code(flags, include_dirs), None)
+
+
+def _toolkit_home(home):
+    """A CUDA home as torch guesses it from a wrapper nvcc (bin/nvcc a script running the real one, no include/), and
+    model_new._toolkit_paths of it."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    wrapper = home / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec "{os.path.realpath(nvcc)}" "$@"\n')
+    wrapper.chmod(0o755)
+    return model_new._toolkit_paths(str(home))
+
+
+def _cuda_macros_stub():
+    """A directory that holds an empty c10/cuda/impl/cuda_cmake_macros.h (generated at torch's build; a CPU wheel
+    ships without it) where torch's include paths lack it, else None."""
+    from torch.utils.cpp_extension import include_paths
+
+    macros = "c10/cuda/impl/cuda_cmake_macros.h"
+    if any(os.path.isfile(os.path.join(p, macros)) for p in include_paths()):
+        return None
+    stub = BUILDS.directory("stub")
+    os.makedirs(os.path.dirname(os.path.join(stub, macros)), exist_ok=True)
+    with open(os.path.join(stub, macros), "w"):
+        pass
+    return stub
+
+
+def _start_toolkit_syntax_check(priority):
+    import pathlib
+
+    include_dirs, _ = _toolkit_home(pathlib.Path(BUILDS.directory("cuda-home-start")))
+    stub = _cuda_macros_stub()
+    _start_host_code(HOST_CODE_SYNTAX, [*include_dirs, *([stub] if stub else [])], priority)
+
+
+def test_build_finds_the_cuda_toolkit_where_torchs_guess_has_no_headers(tmp_path):
+    """torch takes the CUDA toolkit (CUDA_HOME) to be two levels above the nvcc on PATH. For an nvcc that is a wrapper
+    script outside the toolkit (/usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc) that is a directory with no
+    CUDA headers, and the C++ side of the build failed there ("cuda_runtime.h: No such file"), on every GPU. Here such
+    a home (bin/nvcc a wrapper script, no include/): model_new._toolkit_paths must name nvcc's own include and library
+    directories (cuda_runtime.h, libcudart), and the C++ source must compile with them. Where the home holds the
+    headers it adds nothing."""
+    import glob
+
+    include_dirs, library_dirs = _toolkit_home(tmp_path / "home")
+    assert any(os.path.isfile(os.path.join(d, "cuda_runtime.h")) for d in include_dirs), include_dirs
+    assert any(glob.glob(os.path.join(d, "libcudart.so*")) for d in library_dirs), library_dirs
+    stub = _cuda_macros_stub()
+    proc = _compile_host_code(HOST_CODE_SYNTAX, [*include_dirs, *([stub] if stub else [])])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    full = tmp_path / "full"
+    (full / "include").mkdir(parents=True)
+    (full / "include" / "cuda_runtime.h").write_text("")
+    assert model_new._toolkit_paths(str(full)) == ([], [])
+
+
+# torch 2.14's check in ATen.h, which refuses C++17 (its headers are not installed here: CI installs 2.13's)
+NEWER_TORCH_HEADER_CHECK = "#if !defined(_MSC_VER) && __cplusplus < 202002L\n#error C++20 or later compatible compiler " \
+                           "is required to use ATen.\n#endif"
+
+
+def _torch_headers_build(archs, directory):
+    """The command of test_cuda_source_compiles_after_torchs_headers for archs (its source written to directory)."""
+    from torch.utils.cpp_extension import include_paths
+
+    src = os.path.join(directory, "cuda.cu")
+    with open(src, "w") as f:
+        f.write("\n".join([NEWER_TORCH_HEADER_CHECK, "#include <torch/types.h>", "#include <cuda.h>",
+                           "#include <cuda_runtime.h>", model_new.cuda_source()]))
+    flags = model_new._cuda_cflags([f"-gencode=arch=compute_{arch},code=sm_{arch}" for arch in archs])
+    return [*_nvcc(None), *(f"-I{p}" for p in include_paths()), *flags, "-c", src, "-o",
+            os.path.join(directory, "cuda.o")]
+
+
+# One nvcc run for every arch (the host code, torch's headers the most of it, compiled once); where it fails, each
+# arch again alone, so that each test reports its own.
+TORCH_HEADERS = builds.PerArch(BUILDS, "torch-headers", _torch_headers_build, timeout=900)
+NEWER_GPU_ARCHS = ["86", "100", "120"]  # the GPUs the H200 only stands in for, one per generation
+
+
+@pytest.mark.parametrize("arch", NEWER_GPU_ARCHS)
+def test_cuda_source_compiles_after_torchs_headers(arch):
+    """What load_inline compiles on a torch without its no_implicit_headers option (pyproject allows torch >= 2.4):
+    torch's headers first, then the CUDA source, under torch's flags and model_new's own, whose standard must be one
+    that every torch's headers accept: those installed here, and torch 2.14's check, which refuses C++17 (nvcc's
+    default). cuda_fp16.h and cuda_bf16.h are then included under __CUDA_NO_HALF_CONVERSIONS__ and its kin, with no
+    conversion operators, so the source converts between element types by intrinsics (with the operators it failed
+    to build there, on every arch)."""
+    if model_new._cuda_std() != "c++20":
+        pytest.skip("torch built with CUDA 11: its nvcc has no C++20, and torch 2.14's headers are not for it")
+    returncode, output = TORCH_HEADERS.result(arch)
+    assert returncode == 0, output[-4000:]
+
+
+sys.path.insert(0, os.path.join(HERE, "tools"))
+TOOLKIT_BUILDS = {}  # arch -> the key of the job that builds it with CUDA 12.8
+
+
+def _start_toolkit_builds(archs, priority=builds.URGENT):
+    """One job for archs: fetch CUDA 12.8's NVRTC and ptxas, then build each arch in turn (NVRTC runs in this
+    process). The C++ standard is taken here, in the test's thread: cuda_std patches torch.version for a moment."""
+    import toolkit_build
+
+    archs = tuple(a for a in archs if a not in TOOLKIT_BUILDS)
+    if not archs:
+        return
+    std = toolkit_build.cuda_std("12.8")
+
+    def build():
+        root = toolkit_build.fetch("12.8")
+        directory = BUILDS.directory(f"toolkit-12.8-{'-'.join(archs)}")
+        return {arch: toolkit_build.build(root, "12.8", arch, directory, std) for arch in archs}
+
+    BUILDS.submit(("toolkit", "12.8", archs), build, priority)
+    TOOLKIT_BUILDS.update({arch: ("toolkit", "12.8", archs) for arch in archs})
+
+
+@pytest.mark.parametrize("arch", NEWER_GPU_ARCHS)
+def test_device_code_builds_with_cuda_12_8(arch):
+    """What a GPU user builds with is the CUDA their torch was built with (torch's cu126 and cu128 wheels: CUDA 12),
+    where CI's nvcc is 13.0: every kernel of the CUDA source built by CUDA 12.8's front end (NVRTC, from PyPI) and
+    ptxas, with no error, no missing kernel, stack frame or spill (tools/toolkit_build.py; host code not covered)."""
+    import toolkit_build
+
+    _start_toolkit_builds([arch])
+    try:
+        problems, report = BUILDS.result(TOOLKIT_BUILDS[arch], None)[arch]
+    except toolkit_build.FetchError as e:
+        pytest.skip(f"CUDA 12.8's NVRTC and ptxas could not be fetched from PyPI: {e}")
+    assert not problems, f"{problems}\n{report[-4000:]}"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--cuda", "13.0", "--arch", "86"], "--cuda: expected a CUDA 11 or 12 release such as 12.8, got '13.0'"),
+    (["--cuda", "12.8", "--arch", "sm_86"], "--arch: expected a compute capability such as 86 or 100, got 'sm_86'"),
+])
+def test_toolkit_build_refuses_bad_arguments_in_one_line(tmp_path, args, expected):
+    """tools/toolkit_build.py: a release it cannot fetch or an arch nvcc does not spell so is an argument error (exit
+    2, one line naming what was expected and what came), before anything is fetched or any directory made."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools", "toolkit_build.py")
+    workdir = tmp_path / "work"
+    proc = subprocess.run([sys.executable, tool, *args, "--workdir", str(workdir)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().splitlines()[-1].endswith(expected), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not workdir.exists()
+
+
+def _instantiation(mangled):
+    """(FUSED_TABLE name, saves the argmin) of a mangled conv3x3_min_tanh2_kernel<FusedTraits<...>, kSave>: the row
+    that tools/machine_code.py reads off its template arguments."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+    import machine_code
+
+    table = [(row, model_new.PRECISION_TAGS[row.precision]) for row in model_new.FUSED_TABLE]
+    name = machine_code.kernel_names([mangled], table)[mangled]
+    assert name.startswith("fused/"), (mangled, name)
+    parts = name.split("/")
+    return parts[1], len(parts) == 3
+
+
+# The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).
+SMEM_OPTIN_BY_ARCH = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+                      90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
+def test_chooser_picks_only_kernels_each_arch_can_launch():
+    """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision and backend:
+    what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is nothing
+    below sm_80, and exists for every precision on every sm_80+ arch (fused everywhere from sm_80)."""
+    sms = sorted(SMEM_OPTIN_BY_ARCH)
+    stdin = f"{len(model_new.PRECISIONS)}\n" + "".join(f"{sm} {SMEM_OPTIN_BY_ARCH[sm]}\n" for sm in sms)
+    out = _host_program("chooser", input=stdin).split("\n")
+    rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
+    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * 2
+    for sm, wgmma_built, precision, mma_sync_only, kernel, smem in rows:
+        where = (sm, wgmma_built, model_new.PRECISIONS[precision], mma_sync_only)
+        if sm < 80:
+            assert kernel == -1, where
+            continue
+        assert kernel >= 0, f"nothing fused for {where}"
+        row = model_new.FUSED_TABLE[kernel]
+        assert row.precision == model_new.PRECISIONS[precision], (where, row)
+        assert 0 < smem <= SMEM_OPTIN_BY_ARCH[sm], (where, row, smem)
+        assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
+
+
+def test_argmin_order_is_torch_mins_in_any_fold_order():
+    """keep_min (the saving epilogues' combine, host code of the CUDA source) folded over 64-channel pixels in three
+    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own) gives
+    torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
+    lowest channel. Pixels drawn from a few values (many ties, NaN, +-inf, +-0) and from random floats."""
+    gen = torch.Generator().manual_seed(0)
+    numbers = torch.tensor([float("-inf"), float("inf"), -1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
+    pools = [numbers, torch.cat([numbers, torch.tensor([float("nan")])]), torch.tensor([0.0, 1.0]),
+             torch.tensor([float("nan"), 0.0])]  # ties among numbers, NaN among them, few values, NaN or zero
+    rows = [pool[torch.randint(len(pool), (n,), generator=gen)] for pool in pools for n in (1, 2, 3, 5, 16, 64)
+            for _ in range(20)]
+    rows += [torch.randn(64, generator=gen) for _ in range(50)]
+    assert sum(not r.isnan().any() and (r == r.min()).sum() > 1 for r in rows) > 100  # ties at the min
+    stdin = "".join(f"{len(r)} " + " ".join(f"{b & 0xFFFFFFFF:08x}" for b in r.view(torch.int32).tolist()) + "\n"
+                    for r in rows)
+    out = _host_program("argmin", input=stdin)
+    results = [line.split() for line in out.splitlines()]
+    assert len(results) == len(rows)
+    for r, got in zip(rows, results):
+        value, index = torch.min(r, dim=0)
+        for bits, channel in zip(got[0::2], got[1::2]):
+            folded = torch.tensor([int(bits, 16)], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
+            assert int(channel) == int(index), (r.tolist(), got)
+            assert (folded.isnan() and value.isnan()) or folded == value, (r.tolist(), got)
+
+
+# The split check's 2^32 bit patterns in as many slices as BUILDS has workers, run side by side.
+SPLIT_SLICES = BUILDS.workers
+
+
+def _split_slice(exe, i):
+    proc = BUILDS.run([exe, "split", str(i), str(SPLIT_SLICES)], timeout=600)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
+    return proc.stdout.split()
+
+
+def _start_split_slices(priority=builds.URGENT):
+    _start_host_programs(priority)
+    return [BUILDS.submit(("split", i, SPLIT_SLICES), lambda exe, i=i: _split_slice(exe, i), priority,
+                          after=("host-programs",)) for i in range(SPLIT_SLICES)]
+
+
+def test_split_tf32_bias_on_every_float():
+    """The wgmma TF32 kernel adds the fp32 bias through the tensor cores as three TF32 parts (split_tf32_bias, host
+    code of the CUDA source). Over all 2^32 bit patterns: the parts as a tensor core reads them sum to the bias
+    exactly (within 2^-136 below |bias| = 2^-113, where TF32 has no room for the last bits), part 0 never overflows,
+    an infinity is part 0 alone and a NaN stays a NaN."""
+    _start_split_slices()
+    slices = [BUILDS.result(("split", i, SPLIT_SLICES), None) for i in range(SPLIT_SLICES)]  # checked, bad, first
+    bad = sum(int(s[1]) for s in slices)
+    assert sum(int(s[0]) for s in slices) == 2 ** 32
+    assert bad == 0, f"{bad} bit patterns split wrong, the first 0x{next(s[2] for s in slices if int(s[1]))}"
 
 
 # ================================================================================================ GPU tests
@@ -2024,16 +2104,3 @@ def test_training_under_compile_and_cuda_graphs(tf32_default):
         xg.grad = None
         graphed(xg).backward(g)
         assert torch.equal(xg.grad, dx) and torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)
-
-
-# The checks of the sources, the documents and the results (tests/test_sources.py, tests/test_docs.py), collected
-# here so that this file stays the one test entry (README, .ci/run).
-def _collect(module):
-    globals().update({name: value for name, value in vars(module).items() if name.startswith("test_")})
-
-
-import tests.test_docs  # noqa: E402
-import tests.test_sources  # noqa: E402
-
-_collect(tests.test_sources)
-_collect(tests.test_docs)

@@ -30,7 +30,11 @@ import torch  # noqa: E402
 
 import model_new  # noqa: E402
 
-LAUNCHERS = "// ================================================================ launchers"
+# Where the device code ends: the heading of the launchers (host code, CUDA runtime calls), in the bundle's spelling
+# of csrc/launch.cu or the older single-file one.
+LAUNCHERS = re.compile(r"^// (?:Launchers: raw pointers|=+ launchers$)", re.M)
+# The instantiations of the table (`using Sm90Tf32 = FusedTraits<...>;`), one per FUSED_TABLE row, in its order.
+INSTANTIATION = re.compile(r"^using (\w+) = FusedTraits<", re.M)
 CPP_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 RELEASE = r"1[12]\.\d+"  # the releases NVIDIA's PyPI wheels (cu11, cu12) cover
 CLEAN = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
@@ -47,6 +51,13 @@ template <class A, class B> inline constexpr bool is_same_v = false;
 template <class A> inline constexpr bool is_same_v<A, A> = true;
 }  // namespace std
 """,
+    # offsetof as CCCL defines it for NVRTC (whose front end has no __builtin_offsetof)
+    "cstddef": """#pragma once
+#define offsetof(type, member) (unsigned long long)((char*)&(((type*)0)->member) - (char*)0)
+""",
+    # host-only: the launchers' (after the device code) once-per-device opt-ins
+    "atomic": "#pragma once\n",
+    "mutex": "#pragma once\n",
     "cstdint": """#pragma once
 typedef signed char int8_t; typedef short int16_t; typedef int int32_t; typedef long long int64_t;
 typedef unsigned char uint8_t; typedef unsigned short uint16_t; typedef unsigned int uint32_t;
@@ -93,7 +104,7 @@ def fetch(release, cache=None):
 def kernel_names():
     """A name expression for every kernel the launchers instantiate: each FUSED_TABLE row for inference and saving,
     the epilogue's vector and scalar kernel per supported dtype, the three backward kernels per backward dtype."""
-    traits = re.findall(r"^using (\w+) = FusedTraits<", model_new._fused_instantiations(), re.M)
+    traits = INSTANTIATION.findall(model_new.cuda_source())
     assert len(traits) == len(model_new.FUSED_TABLE), traits
     names = [f"&kb25::conv3x3_min_tanh2_kernel<kb25::{t}, {s}>" for t in traits for s in ("false", "true")]
     for dtype in model_new.SUPPORTED_DTYPES:
@@ -107,17 +118,25 @@ def kernel_names():
 
 def device_source():
     src = model_new.cuda_source()
-    assert src.count(LAUNCHERS) == 1, "the launchers' heading marks where the device code ends"
-    return src[:src.index(LAUNCHERS)]
+    found = LAUNCHERS.findall(src)
+    assert len(found) == 1, f"the launchers' heading marks where the device code ends: found {found}"
+    return src[:LAUNCHERS.search(src).start()]
 
 
-def nvrtc_ptx(root, release, arch):
-    """(PTX, log) of the device code for compute_<arch>, by the release's NVRTC; PTX None where it failed."""
+def cuda_std(release):
+    """The C++ standard model_new builds with for a torch built with CUDA `release`."""
+    with mock.patch.object(torch.version, "cuda", release):
+        return model_new._cuda_std()
+
+
+def nvrtc_ptx(root, release, arch, std=None):
+    """(PTX, log) of the device code for compute_<arch>, by the release's NVRTC; PTX None where it failed. std: the
+    C++ standard, cuda_std(release) if None (which patches torch.version for a moment: a caller with threads that
+    read it passes std)."""
     lib = os.path.join(root, "nvidia", "cuda_nvrtc", "lib")
     ctypes.CDLL(glob.glob(os.path.join(lib, "libnvrtc-builtins.so.*"))[0], mode=ctypes.RTLD_GLOBAL)
     nvrtc = ctypes.CDLL(sorted(glob.glob(os.path.join(lib, "libnvrtc.so.*")))[0])
-    with mock.patch.object(torch.version, "cuda", release):  # the standard for a torch built with this release
-        std = model_new._cuda_std()
+    std = std or cuda_std(release)
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
     # -default-device: the shared declarations name host functions without __host__, which NVRTC refuses otherwise
@@ -146,10 +165,10 @@ def nvrtc_ptx(root, release, arch):
     return ptx, f"NVRTC {release} {' '.join(opts)}: {'ok' if rc == 0 else f'error {rc}'}\n{log.value.decode()}"
 
 
-def build(root, release, arch, workdir):
+def build(root, release, arch, workdir, std=None):
     """The release's build of the device code for sm_<arch>: (problems, report). problems lists what fails: an
-    NVRTC or ptxas error, a kernel missing, a stack frame or spill."""
-    ptx, log = nvrtc_ptx(root, release, arch)
+    NVRTC or ptxas error, a kernel missing, a stack frame or spill. std: as nvrtc_ptx takes it."""
+    ptx, log = nvrtc_ptx(root, release, arch, std)
     if ptx is None:
         return [f"sm_{arch}: NVRTC {release} failed"], log
     entries = len(re.findall(r"^\.(?:visible|weak) \.entry ", ptx, re.M))  # template kernels are .weak

@@ -6,9 +6,9 @@ ModelNew (auto) in turn instead, to tell a difference between the two rows from 
 model back to back for S seconds a round instead, with nvidia-smi sampling every 50 ms beside the calls (the first
 third of a round's samples dropped: the power reading lags), and prints ms a call and the samples' clock and power.
 
-    python3 tools/clock_probe.py                 # 8 rounds of 100 trials
-    python3 tools/clock_probe.py --alternate     # fused, ModelNew, fused, ... 4 rounds of 25 trials each
-    python3 tools/clock_probe.py --precisions bf16 fp16 --back-to-back 3 --rounds 3
+    python3 tools/experiments/clock_probe.py                 # 8 rounds of 100 trials
+    python3 tools/experiments/clock_probe.py --alternate     # fused, ModelNew, fused, ... 4 rounds of 25 trials each
+    python3 tools/experiments/clock_probe.py --precisions bf16 fp16 --back-to-back 3 --rounds 3
 """
 import argparse
 import os
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 
 import torch  # noqa: E402
 

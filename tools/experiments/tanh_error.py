@@ -2,7 +2,7 @@
 twice (tanh2 where the precision tag's kTanhApprox is set: bf16, fp16) and tanhf twice (TF32, 3xTF32), against
 float64 tanh on the GPU. Prints the largest absolute and relative errors and an input that reaches each.
 
-    python3 tools/tanh_error.py
+    python3 tools/experiments/tanh_error.py
 
 The PTX ISA bounds tanh.approx.f32 by 2^-10.98 relative; this measures what the GPU at hand does, which is what the
 tests' bounds (test_16bit_tanh2_of_every_value, test_fp32_tanh2_error) stand on.

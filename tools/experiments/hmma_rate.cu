@@ -2,7 +2,7 @@
 // in registers or loaded from shared memory each k-step (ldmatrix.x4 for A, 16-byte loads for B, as the fused
 // mma.sync kernels do). One CTA per SM. docs/perf-notes.md (v16) quotes its output.
 //
-//     nvcc -O3 -arch=sm_90a tools/hmma_rate.cu -o hmma_rate && ./hmma_rate
+//     nvcc -O3 -arch=sm_90a tools/experiments/hmma_rate.cu -o hmma_rate && ./hmma_rate
 #include <cstdio>
 #include <cstdint>
 #include <cuda_runtime.h>

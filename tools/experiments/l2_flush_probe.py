@@ -4,7 +4,7 @@ after a 256 MiB fill of a host buffer (what bench.py's flush did before it was m
 GPU idle while the CPU fills), after the host sleeps 25 ms, after a 1 ms device sleep, and back to back; plus the SM
 clock and power nvidia-smi reports under load.
 
-    python3 tools/l2_flush_probe.py [--trials 30]
+    python3 tools/experiments/l2_flush_probe.py [--trials 30]
 """
 import argparse
 import os
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 
 import torch  # noqa: E402
 

@@ -8,7 +8,7 @@
 // apart and each tap's start shifted by 16 bytes a column (kw = k-step % 3), so that two of three start off a
 // 128-byte line.
 //
-//     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
+//     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>

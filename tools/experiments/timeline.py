@@ -15,8 +15,8 @@ its own extension name in a temporary directory; the project's build is not touc
 
 Timing only: each stamp is a clock read and a global store, so the kernel runs a few percent slower than without.
 
-    python3 tools/timeline.py                     # sm90_bf16 and sm90_tf32
-    python3 tools/timeline.py sm90_fp16 --steps 20 60
+    python3 tools/experiments/timeline.py                     # sm90_bf16 and sm90_tf32
+    python3 tools/experiments/timeline.py sm90_fp16 --steps 20 60
 """
 import argparse
 import os
@@ -26,22 +26,22 @@ import statistics
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 BLOCKS, STEPS, ROWS = 4, 128, 192  # stamped blocks, steps a consumer, rows a producer
 CONSUMER_STAMPS = ("top", "rows", "issue", "write", "wait", "reduce")
 PRODUCER_STAMPS = ("top", "load", "slot", "store")
 PRODUCER_BASE = BLOCKS * 2 * STEPS * 8
 STAMP_COUNT = PRODUCER_BASE + BLOCKS * 2 * ROWS * 4
 
-# (anchor in model_new.py, its replacement): each anchor must be there exactly once.
+# (anchor in model_new.py, its replacement[, copies]): each anchor must be there exactly once (or `copies` times).
 EDITS = (
     ('EXTENSION_NAME = "kb25_conv_min_tanh2"\n', 'EXTENSION_NAME = "kb25_conv_min_tanh2_timeline"\n'),
+    # the declarations both translation units share (csrc/generated/config.h, bundled into each)
     ('extern "C" int fused_kernel_smem_bytes(int kernel);\n',
-     'extern "C" int fused_kernel_smem_bytes(int kernel);\nextern "C" long long timeline_stamp(int i);\n'),
+     'extern "C" int fused_kernel_smem_bytes(int kernel);\nextern "C" long long timeline_stamp(int i);\n', 2),
     ('"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]',
      '"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches", "timeline_stamp"]'),
-    ("// ================================================================ the kernel\n",
-     "// ================================================================ the kernel\n"
+    ("// A producer thread's walk over one consumer's rows",
      f"__device__ unsigned long long kb25_stamps[{STAMP_COUNT}];\n"
      "// i = -1: clear the stamps; i = 0: copy them out and return the first; i > 0: return stamp i of that copy.\n"
      'extern "C" long long timeline_stamp(int i) {\n'
@@ -52,7 +52,8 @@ EDITS = (
      "  }\n"
      "  if (i == 0 && cudaMemcpyFromSymbol(host, kb25_stamps, sizeof(host)) != cudaSuccess) return -1;\n"
      "  return (long long)host[i];\n"
-     "}\n"),
+     "}\n"
+     "// A producer thread's walk over one consumer's rows"),
     # producer: top of a row, loads issued, slot acquired, row committed
     ("  for (uint32_t d = 0; ahead.valid(); ++d) {\n",
      f"  const bool stamp = blockIdx.x < {BLOCKS} && threadIdx.x % Traits::kProducerThreads == 0;\n"
@@ -85,10 +86,12 @@ EDITS = (
 
 def stamped_source(text):
     """model_new.py's text with the stamps in; fails naming the first anchor that is not there exactly once."""
-    for anchor, replacement in EDITS:
+    for anchor, replacement, *copies in EDITS:
+        copies = copies[0] if copies else 1
         count = text.count(anchor)
-        if count != 1:
-            raise ValueError(f"timeline: expected 1 copy of {anchor.strip()[:60]!r} in model_new.py, found {count}")
+        if count != copies:
+            raise ValueError(f"timeline: expected {copies} cop{'y' if copies == 1 else 'ies'} of "
+                             f"{anchor.strip()[:60]!r} in model_new.py, found {count}")
         text = text.replace(anchor, replacement)
     return text
 

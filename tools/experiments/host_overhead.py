@@ -1,6 +1,6 @@
 """Host (CPU) microseconds per call on a tiny input, grad disabled: what a timed forward pays before the GPU starts.
 
-    python3 tools/host_overhead.py [--compiled]
+    python3 tools/experiments/host_overhead.py [--compiled]
 
 Rows: ModelNew(x); the op's CUDA kernel called directly (the C++ function ModelNew's eager path calls); the same op
 through the dispatcher (torch.ops, as compiled graphs and autograd call it); with --compiled also
@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 
 import torch  # noqa: E402
 

@@ -1,7 +1,6 @@
 """CPU checks of the sources and of what the results claim about them: model_new.py is the bundle of csrc/ and python/,
 csrc/ builds on its own to the same machine code, and results/h200.json describes the kernels of this tree."""
 import json
-import os
 import re
 import shutil
 import subprocess

@@ -132,11 +132,9 @@ def main():
                 out_b = out_b if isinstance(out_b, (tuple, list)) else (out_b,)
                 if any(not torch.equal(u, v) for u, v in zip(out_a, out_b)):
                     mismatches.append(key)
-            for order in ((0, fn_a), (1, fn_b)) if r % 2 == 0 else ((1, fn_b), (0, fn_a)):
-                side, fn = order
+            for side, fn in ((0, fn_a), (1, fn_b)) if r % 2 == 0 else ((1, fn_b), (0, fn_a)):
                 ms = statistics.median(harness.time_cuda(lambda: fn(x, w, b), trials=args.trials))
                 times[key][side].append(ms)
-            del x, ref
         torch.cuda.empty_cache()
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     torch.backends.cudnn.allow_tf32 = True

@@ -401,6 +401,10 @@ def main():
     for name, fn in variants:
         rows[name], out = time_row(name, fn, x, want, harness.ATOL, args)
         del out
+        # The fused kernel each of ModelNew's rows ran (None: cudnn_epilogue, or not a ModelNew).
+        kernel_of = getattr(fn, "fused_kernel", None)
+        if kernel_of is not None and "time_ms" in rows[name]:
+            rows[name]["fused_kernel"] = kernel_of(x)
     del variants
     torch._dynamo.reset()
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
@@ -437,6 +441,7 @@ def main():
         "shape": list(shape),
         "model_new_backend": new.resolve_backend(x),
         "fused_mma": model_new.fused_mma_kind(),
+        "fused_kernel": new.fused_kernel(x),
         "trials": args.trials,
         "ms": ms,
         "speedup": {
@@ -478,7 +483,8 @@ def main():
         vs_compile = f"{best_compile / t['median']:.2f}x" if best_compile else "-"
         log(f"| {name:<22} | {t['median']:9.3f} | {t['min']:7.3f} | {t['max']:7.3f} | "
             f"{ms['eager'] / t['median']:7.2f}x | {vs_compile:>10} | {flops / t['median'] / 1e9:7.1f} | "
-            f"{100 * TF32_FLOOR_MS / t['median']:14.0f}% | {row['correct']['max_abs_diff']:12.2e} |")
+            f"{100 * TF32_FLOOR_MS / t['median']:14.0f}% | {row['correct']['max_abs_diff']:12.2e} |"
+            + (f" {row['fused_kernel']}" if row.get("fused_kernel") else ""))
     for mode, entry in modes.items():
         ms_m = entry["ms"]
         log(f"{mode:<12} ({entry['fused_kernel']}): " + ", ".join(

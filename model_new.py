@@ -51,38 +51,54 @@ BACKENDS = OP_BACKENDS + ("torch",)
 # Element types of the epilogue kernel; code = position. Also the dtypes ModelNew accepts.
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # The model's precisions: float32 with TF32 convs (PyTorch's default), float32 without them (strict), bf16, fp16;
-# code = position. Each has a multiply-add tag in the CUDA source.
+# code = position.
 PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
-PRECISION_TAGS = {"tf32": "Tf32RoundNearest", "strict_fp32": "Tf32x3", "bf16": "Native16<__nv_bfloat16>",
-                  "fp16": "Native16<__half>"}
+# The CUDA source's precision tag of each (precision, operand) a kernel has: what the tensor cores multiply. TF32 on
+# fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one (Tf32RoundNearest) for inputs beyond fp16.
+PRECISION_TAGS = {("tf32", "fp16"): "Tf32OnF16", ("tf32", "tf32"): "Tf32RoundNearest",
+                  ("strict_fp32", "tf32"): "Tf32x3", ("bf16", "bf16"): "Native16<__nv_bfloat16>",
+                  ("fp16", "fp16"): "Native16<__half>"}
+# Guarded: the kernel lists the images it cannot compute exactly and the guard kernel recomputes them. Guards: the
+# kernels that can recompute listed images.
+GUARDED_TAGS = ("Tf32OnF16",)
+GUARD_TAGS = ("Tf32RoundNearest",)
 # The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
 # `using` line of FusedTraits (csrc/generated/fused_table.cuh), an entry of the launcher table and of the
 # requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision that
 # the GPU can launch).
-# mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); tile_cols: output pixels per
+# mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); operand: what the tensor cores
+# multiply (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
 # warps that load the rows for them (0: each consumer loads its own, mma.sync only); write: how a consumer's steps
 # reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (16-bit wgmma: it stages
 # each step's packed minima in one of `write_buffers` buffers and its producer threads write them); write_buffers:
 # the staged buffers a consumer cycles through (0 where mma.sync writes from registers). docs/design.md says why each
 # row is what it is.
-FusedKernel = collections.namedtuple(
-    "FusedKernel", "name mma precision tile_cols consumers producer_warps ring write write_buffers")
+class FusedKernel(collections.namedtuple(
+        "FusedKernel", "name mma precision operand tile_cols consumers producer_warps ring write write_buffers")):
+    @property
+    def tag(self):
+        return PRECISION_TAGS[(self.precision, self.operand)]
+
+
 FUSED_TABLE = (
-    FusedKernel("sm90_tf32", "wgmma", "tf32", 256, 2, 4, 5, "inline", 2),
-    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", 128, 2, 4, 4, "inline", 2),
-    FusedKernel("sm90_bf16", "wgmma", "bf16", 256, 2, 4, 8, "handed", 4),
-    FusedKernel("sm90_fp16", "wgmma", "fp16", 256, 2, 4, 8, "handed", 4),
+    # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
+    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", 256, 2, 4, 8, "inline", 2),
+    FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", 256, 2, 4, 5, "inline", 2),
+    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", 128, 2, 4, 4, "inline", 2),
+    FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
     # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
     # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
     # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
-    FusedKernel("sm80_tf32", "mma_sync", "tf32", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", 64, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_bf16", "mma_sync", "bf16", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_fp16", "mma_sync", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", 256, 1, 4, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
@@ -146,9 +162,13 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 10;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
-inline constexpr int kFusedKernelPrecision[] = {0, 1, 2, 3, 0, 0, 1, 1, 2, 3};
+inline constexpr int kFusedKernelCount = 12;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 0, 0, 0, 1, 1, 2, 3};
+// Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
+// zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
+inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, true, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -161,13 +181,16 @@ struct DeviceProfile {
 // The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
 // can launch (only mma.sync kernels if mma_sync_only), or -1.
 extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
+extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
 extern "C" int fused_kernel_smem_bytes(int kernel);
 // The caller has checked that its device launches `kernel` (fused_kernel_fits).
 // argmin (uint8) and pre_min (float32), one per output pixel, are written when both are given (else both null).
+// guard: a guarded kernel's and its guard's buffer (kFusedKernelGuarded); null: a guard computes every image.
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
-                                                      int W, int num_sms, cudaStream_t stream);
+                                                      void* out, void* argmin, float* pre_min, int* guard, int64_t N,
+                                                      int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):
@@ -1026,23 +1049,35 @@ __device__ __forceinline__ void pin(float (&acc)[kN][4]) {
 }
 
 // One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16).
-struct OneProduct {
+// wgmma, kBiasByMma_: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one
+// more MMA (OneProduct); else they start from the bias, by moves, and every k-step accumulates (OneProductFromBias:
+// Tf32OnF16, whose bias times 2^s is an fp32 value that fp16 operands do not hold).
+template <bool kBiasByMma_>
+struct OneProductOf {
   static constexpr int kCopies = 1;  // a stored operand is one value
-  // wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one more MMA.
-  static constexpr bool kBiasByMma = true;
+  static constexpr bool kBiasByMma = kBiasByMma_;
   // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
   // -0.5%; docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kIssuesBeforeNewest = true;
-  template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int, E v) {
+  template <class Tag, class O, class E>
+  __device__ static void store_weight(O* dst, int at, int, E v) {
     dst[at] = Tag::to_tensor_core(v);
   }
+  // Without the bias MMA: the accumulators from the bias (rows g, g + 8 of the warp's 16 channels).
   template <int kN, class Small>
-  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
-  // The k-step's MMA: D = A * B at the first k-step, D += A * B after it.
+  __device__ static void wgmma_begin(float (&acc)[kN][4], Small&, float bias_lo, float bias_hi) {
+    if constexpr (!kBiasByMma) {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        acc[j][0] = acc[j][1] = bias_lo;
+        acc[j][2] = acc[j][3] = bias_hi;
+      }
+    }
+  }
+  // The k-step's MMA: D = A * B at the first k-step (with the bias MMA), D += A * B otherwise.
   template <class Elem, bool kFirst, int kN, class Small>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
-    if constexpr (kFirst) {
+    if constexpr (kFirst && kBiasByMma) {
       wgmma_async<false>(acc, a, b, Operand<Elem>{});
     } else {
       wgmma_async(acc, a, b, Operand<Elem>{});
@@ -1065,6 +1100,8 @@ struct OneProduct {
   template <int kN>
   using WgmmaSmall = float[1][4];  // no small products
 };
+using OneProduct = OneProductOf<true>;
+using OneProductFromBias = OneProductOf<false>;
 
 // 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
@@ -1078,7 +1115,7 @@ struct ThreeProducts {
   // docs/perf-notes.md, "3xTF32").
   static constexpr bool kIssuesBeforeNewest = false;
   template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {
+  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
     float big, small;
     Tag::split_weight(v, big, small);
     dst[at] = big;
@@ -1155,6 +1192,25 @@ struct ThreeProducts {
 
 namespace kb25 {
 
+// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
+// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
+// (GuardList, Tf32RoundNearest only).
+struct UnscaledOperands {
+  static constexpr bool kGuardsRange = false;
+  static constexpr bool kRecomputesListed = false;
+  static constexpr int kScratchBytes = 0;
+  template <int kThreads, class E>
+  __device__ static float find_scale(const E* __restrict__, int, uint32_t*) { return 1.f; }
+  __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
+  template <class E>
+  __device__ static E scale(E v, float) { return v; }
+  template <class E>
+  __device__ static bool inexact(E, float) { return false; }
+  template <class E>
+  __device__ static bool inexact_bias(E, float) { return false; }
+  __device__ static float unscale(float m, float) { return m; }
+};
+
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
 // tag on the same kernel). A tag owns its conversions and picks its multiply (multiply.cuh): to_tensor_core(v) is what
 // the multipliers get for any weight or input value; to_slot(v, out) and to_registers(v, out) the faster ones for kN
@@ -1163,10 +1219,13 @@ namespace kb25 {
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
 // (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
-struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;
+struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
+  using Elem = float;     // x, the weights, the bias, the output
+  using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
+  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
+  static constexpr bool kRecomputesListed = true;
   // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
   static constexpr bool kTanhApprox = false;
   __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
@@ -1180,8 +1239,9 @@ struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded t
     round_to_tf32_words<false>(v, out);
   }
 };
-struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
+struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
+  using MmaElem = float;
   static constexpr int kMmaK = 8;
   using Multiply = ThreeProducts;
   static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference
@@ -1200,9 +1260,10 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
 // half. Rounding is monotonic, so the min of rounded values is the rounded min, which the output's one rounding then
 // leaves as it is (the reference rounds its conv output to the element type before its min, too).
 template <class Elem_>
-struct Native16 {
+struct Native16 : UnscaledOperands {
   static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
   using Elem = Elem_;
+  using MmaElem = Elem_;
   static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
@@ -1220,6 +1281,77 @@ struct Native16 {
     if constexpr (kHasFused && !kBf16) asm("min.NaN.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
     return r;
   }
+};
+
+// TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
+// 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
+// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
+// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
+// (s puts the CTA's largest |w| in [2^15, 2^16)), so that they are fp16 values exactly too; every sum is then 2^s
+// times the TF32 one, exactly. The accumulators start from the bias times 2^s, and the epilogue multiplies each
+// pixel's min by 2^-s (unscale): the order of the channels, and so the argmin, does not change.
+// The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
+// goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
+// image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
+// listed images; with none listed it returns at once.
+// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
+// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
+struct Tf32OnF16 {
+  using Elem = float;
+  using MmaElem = __half;
+  static constexpr int kMmaK = 16;
+  using Multiply = OneProductFromBias;
+  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
+  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  static constexpr bool kGuardsRange = true;
+  static constexpr bool kRecomputesListed = false;
+  // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
+  static constexpr int kScratchBytes = 16;
+  // A (scaled) weight as the tensor cores get it.
+  __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
+  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused) {
+      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
+    }
+    return r;
+  }
+  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
+  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
+  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
+  static constexpr uint32_t kOutOfRange = 0x80008000u;
+  // All of the CTA's threads: the largest |tf32(w)| over `count` weights into scratch[0], scratch[1] cleared (the
+  // flag inexact() weights and biases raise), then 2^s.
+  template <int kThreads>
+  __device__ static float find_scale(const float* __restrict__ w, int count, uint32_t* scratch) {
+    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
+    atomicMax(scratch, m);
+    __syncthreads();
+    return scale_of(scratch);
+  }
+  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)|, kept within [-126, 126] (2^s and 2^-s normal
+  // floats): the scale (sign 1) or its inverse (-1).
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
+    int s = 15 - ((int)(scratch[0] >> 23) - 127);
+    s = s < -126 ? -126 : s > 126 ? 126 : s;
+    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+  }
+  __device__ static float scale(float v, float scale) { return v * scale; }
+  // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
+  // TF32 and scaled. Either lists every image.
+  // (inverse: 2^-s, exact).
+  __device__ static bool inexact(float v, float scale) {
+    const float scaled = round_to_tf32(v) * scale;
+    return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
+  }
+  __device__ static bool inexact_bias(float v, float scale) { return !((v * scale) * __frcp_rn(scale) == v); }
+  // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
+  __device__ static float unscale(float m, float inverse) { return m * inverse; }
 };
 
 }  // namespace kb25
@@ -1244,7 +1376,8 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;
+  using Elem = typename Precision::Elem;        // x, the weights, the bias, the output
+  using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;
   static constexpr int kKsize = KB25_FUSED_KSIZE;
@@ -1260,11 +1393,11 @@ struct ConvGeometry {
   static constexpr int kMmaK = Precision::kMmaK;
   static constexpr int kKStepsPerTap = kCin / kMmaK;
   static constexpr int kKSteps = kTaps * kKStepsPerTap;
-  static constexpr int kGroupChannels = 16 / (int)sizeof(Elem);
+  static constexpr int kGroupChannels = 16 / (int)sizeof(MmaElem);
   static constexpr int kGroups = kCin / kGroupChannels;
   // Columns per group in a slot: a row segment, and for 16-bit an offset of 4 columns modulo 8 between the two
   // groups (the producer's stores rely on it).
-  static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : kTileCols <= 64 ? 4 : 8);
+  static constexpr int kPitchCols = kTileCols + (sizeof(MmaElem) == 2 ? 12 : kTileCols <= 64 ? 4 : 8);
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
   static constexpr int kSlotBytes = kCopies * kCopyBytes;
@@ -1291,20 +1424,23 @@ struct MmaSyncMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
   static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
   static constexpr int kNTiles = Geometry::kCout / 8;
-  static constexpr int kPerWord = 4 / (int)sizeof(Elem);  // elements per operand register
+  static constexpr int kPerWord = 4 / (int)sizeof(MmaElem);  // elements per operand register
   using Accum = float[kMTiles][kNTiles][4];
   static constexpr int kWeightWords = Geometry::kKSteps * (kNTiles / 2) * 32 * 4;  // one copy
   static constexpr int kWeightCopies = Multiply::kCopies;
   // The weights (big, then small for 3xTF32), then the bias in fp32 as C fragments: float4 (nt * 4 + t) holds
   // b[8 nt + 2t], b[8 nt + 2t + 1] twice (rows g and g + 8), the C operand of an n-tile's first MMA.
   static constexpr int kBiasQuads = Geometry::kCout / 2;
-  static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
+  // After them, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  static constexpr int kScratchOffset = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
+  static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32, and the
   // first k-step, whose MMAs go n-tile by n-tile: every A, 3xTF32 big and small; the first k-step also one bias
   // fragment).
@@ -1326,9 +1462,15 @@ struct MmaSyncMainloop {
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
   // (docs/perf-notes.md, "Producer and loads").
+  // Tf32OnF16 first finds the weights' scale (the bias is staged times it), and raises its scratch flag where a weight
+  // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
-    Elem* const wdst = reinterpret_cast<Elem*>(smem);
+    MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
+    uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
+    const float scale = Precision::template find_scale<kThreads>(
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+    bool inexact = false;
     for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
       const int h = i % kPerWord, word = i / kPerWord;
       const int e = word & 3, lane = (word >> 2) & 31;
@@ -1338,10 +1480,17 @@ struct MmaSyncMainloop {
       const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
                      Geometry::kMmaK / 2 * (e & 1) + h;
       const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
-      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, v);
+      inexact |= Precision::inexact(v, scale);
+      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);
+    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
+      bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);
+    if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
+    if (inexact) atomicOr(flags + 1, 1u);
+  }
+  __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
+    return reinterpret_cast<const uint32_t*>(smem + kScratchOffset);
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
@@ -1416,7 +1565,8 @@ struct MmaSyncMainloop {
         const float4 bias = kFirst ? bias_fragment(nt, lane) : float4{};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          Multiply::template mma_sync_tile<Elem, kFirst>(acc[mt][nt], small[mt][nt], a[mt], as[mt], bw[nt], bs[nt], bias);
+          Multiply::template mma_sync_tile<MmaElem, kFirst>(acc[mt][nt], small[mt][nt], a[mt], as[mt], bw[nt], bs[nt],
+                                                           bias);
         }
       }
     } else {
@@ -1425,7 +1575,7 @@ struct MmaSyncMainloop {
         uint32_t a[4];
         ldmatrix_x4(a, a_addr + mt * 16 * 16);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<Elem>{});
+        for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<MmaElem>{});
       }
     }
   }
@@ -1472,6 +1622,7 @@ struct MmaSyncEpilogue {
   static constexpr bool kHandsOff = false;
   static constexpr int kHandOffStages = 0;
   const int ctid;
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_, uint64_t* = nullptr) : ctid(ctid_) {}
 
   struct Partial {
@@ -1545,7 +1696,7 @@ struct MmaSyncEpilogue {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int at = col + 8 * half;
-        const float m = half ? part.hi[i] : part.lo[i];
+        const float m = Geometry::Precision::unscale(half ? part.hi[i] : part.lo[i], out_scale);
         if constexpr (kSave) {
           if (mt < kMTiles && at < OW) {
             dst.out[at] = convert<Elem>(tanh2<Geometry::Precision::kTanhApprox>(m));
@@ -1617,6 +1768,7 @@ struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(Multiply::kCopies == Geometry::kCopies, "wgmma reads every part of an operand from shared memory");
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
@@ -1642,9 +1794,11 @@ struct WgmmaMainloop {
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
   // (8 KB) from its start, which then stays inside the CTA's shared memory (after the weights it ran past the end).
   static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
-  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(Elem),
+  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(MmaElem),
                 "a dense ones tile's room");
-  static constexpr int kSmemBytes = Multiply::kCopies * kWeightBytes + kOnesBytes;
+  // After the weights, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  static constexpr int kScratchOffset = Multiply::kCopies * kWeightBytes + kOnesBytes;
+  static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   static constexpr int kRegisters = Multiply::kCopies * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
@@ -1667,16 +1821,26 @@ struct WgmmaMainloop {
       : weights(wgmma_desc(smem + kOnesBytes, kAKBytes, 128)) {
     if constexpr (!kBiasByMma) {
       const int warp = ctid >> 5, g = (ctid & 31) >> 2;
-      bias_lo = convert<float>(b[warp * 16 + g]);
-      bias_hi = convert<float>(b[warp * 16 + g + 8]);
+      const float scale = Precision::scale_of(scratch(smem));
+      bias_lo = Precision::scale(convert<float>(b[warp * 16 + g]), scale);
+      bias_hi = Precision::scale(convert<float>(b[warp * 16 + g + 8]), scale);
     }
+  }
+  __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
+    return reinterpret_cast<const uint32_t*>(smem + kScratchOffset);
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
+  // Tf32OnF16 first finds the weights' scale, and raises its scratch flag where a weight or the bias does not carry
+  // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
-    Elem* const a = reinterpret_cast<Elem*>(smem + kOnesBytes);
+    MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
+    uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
+    const float scale = Precision::template find_scale<kThreads>(
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+    bool inexact = false;
     stage_batched<kThreads, Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK>(
         [&](int i) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
@@ -1686,17 +1850,20 @@ struct WgmmaMainloop {
         [&](int i, Elem v) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
           const int kk = i % Geometry::kMmaK;
-          const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
+          const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(MmaElem) +
                          kk % kGC;
-          Multiply::template store_weight<Precision>(a, at, kWeightBytes / (int)sizeof(Elem), v);
+          inexact |= Precision::inexact(v, scale);
+          Multiply::template store_weight<Precision>(a, at, kWeightBytes / (int)sizeof(MmaElem), Precision::scale(v, scale));
         });
+    if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
+    if (inexact) atomicOr(flags + 1, 1u);
     if constexpr (kBiasByMma) {
       stage_batched<kThreads, Geometry::kCout * Geometry::kMmaK>(
           [&](int i) { return b[i / Geometry::kMmaK]; },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-            Elem v = convert<Elem>(0.f);
-            if constexpr (sizeof(Elem) == 4) {
+            MmaElem v = convert<MmaElem>(0.f);
+            if constexpr (sizeof(MmaElem) == 4) {
               float part[3];
               split_tf32_bias(bias, part);
               v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
@@ -1704,10 +1871,10 @@ struct WgmmaMainloop {
               v = bias;
             }
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
-                  (int)sizeof(Elem) + kk % kGC] = v;
+                  (int)sizeof(MmaElem) + kk % kGC] = v;
           });
-      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += kThreads)
-        reinterpret_cast<Elem*>(smem)[i] = convert<Elem>(1.f);
+      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(MmaElem); i += kThreads)
+        reinterpret_cast<MmaElem*>(smem)[i] = convert<MmaElem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -1740,17 +1907,18 @@ struct WgmmaMainloop {
       const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
       // The precision's products (the small parts kWeightBytes and kCopyBytes after the big ones).
       if (ks == 0) {
-        Multiply::template wgmma_k_step<Elem, true>(acc, acc_small, a, b, kWeightBytes >> 4, Geometry::kCopyBytes >> 4);
+        Multiply::template wgmma_k_step<MmaElem, true>(acc, acc_small, a, b, kWeightBytes >> 4,
+                                                       Geometry::kCopyBytes >> 4);
       } else {
-        Multiply::template wgmma_k_step<Elem, false>(acc, acc_small, a, b, kWeightBytes >> 4,
-                                                     Geometry::kCopyBytes >> 4);
+        Multiply::template wgmma_k_step<MmaElem, false>(acc, acc_small, a, b, kWeightBytes >> 4,
+                                                        Geometry::kCopyBytes >> 4);
       }
     }
     if constexpr (kBiasByMma) {
       // The ones' descriptor from the weights': kOnesBytes before them, both strides kOnesStride instead of kAKBytes
       // and 128.
       constexpr uint64_t kOnes = weights_to(-kOnesBytes, kOnesStride, kOnesStride);
-      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
+      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<MmaElem>{});
     }
     wgmma_commit();
   }
@@ -1828,7 +1996,8 @@ struct WgmmaEpilogue {
   uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
   const int barrier_id, ctid;
   int turn = 0;
-  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  uint32_t staged = 0;
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)  // kHandsOff: steps staged (the consumer) or written (the producer) so far
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
         barrier_id(1 + consumer), ctid(ctid_) {}
@@ -2027,13 +2196,15 @@ struct WgmmaEpilogue {
             int channel = buffer_ch[at];
 #pragma unroll
             for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
+            m = Precision::unscale(m, out_scale);
             dst.argmin[col] = (unsigned char)channel;
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
             if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                        nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+            m = Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                                           nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
+                                   out_scale);
           }
           dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }
@@ -2065,9 +2236,13 @@ namespace kb25 {
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;
+  using Precision = typename Geometry::Precision;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
-  // Elements per 16 bytes: the channels of one slot column, the columns of one item's channel.
-  static constexpr int kVec = Geometry::kGroupChannels;
+  // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as
+  // many, except where fp32 x goes into fp16 slots, kNarrows: 4 columns x 8 channels an item).
+  static constexpr int kVec = 16 / (int)sizeof(Elem);
+  static constexpr int kChannels = Geometry::kGroupChannels;
+  static constexpr bool kNarrows = sizeof(Elem) > sizeof(typename Geometry::MmaElem);
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
   static constexpr int kItems = Geometry::kGroups * kChunks;
   // The last chunk of each group (its columns reach only the tile's last kKsize - 1 pixels, which exist only where
@@ -2077,14 +2252,14 @@ struct RowProducer {
   static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = kMine * kVec * 4;  // one row in flight
+  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
   static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
   static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
                 "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
-    uint4 raw[kMine][kVec];  // [item][channel]: kVec columns
+    uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
   };
   const int64_t plane;
   const int W, tid;
@@ -2107,23 +2282,24 @@ struct RowProducer {
   }
   // Row y of the image from col0, in the first channel of group grp.
   __device__ const Bits* group_row(const Elem* __restrict__ x_img, int y, int col0, int grp) const {
-    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane;
+    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kChannels * plane;
   }
-  // Item `item`'s kVec channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
+  // Item `item`'s kChannels channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
   // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
   // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
   // are never stored.
-  __device__ void load_item(uint4 (&raw)[kVec], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+  __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
     int grp, chunk;
     place(item, grp, chunk);
     const int col = kVec * chunk;
     const Bits* src = group_row(x_img, y, col0, grp) + col;
     if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
 #pragma unroll
-    for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
+    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
-  // Into the slot layout: transpose the kVec channel vectors, convert, write 16-byte columns.
-  __device__ void store_item(const uint4 (&raw)[kVec], int item, unsigned char* slot) const {
+  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns, where x
+  // narrows, the OR of Precision::out_of_range over what it stored (0 otherwise).
+  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot) const {
     int grp, chunk;
     place(item, grp, chunk);
     unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
@@ -2155,9 +2331,9 @@ struct RowProducer {
       // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
       // compile to selects; a pick by a runtime index compiles to branches).
       const int r = (chunk >> 1) & 3;
-      uint32_t w[kVec][4];
+      uint32_t w[kChannels][4];
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) {
+      for (int c = 0; c < kChannels; ++c) {
         const bool half = r & 2, one = r & 1;
         const uint32_t h0 = half ? raw[c].z : raw[c].x, h1 = half ? raw[c].w : raw[c].y;
         const uint32_t h2 = half ? raw[c].x : raw[c].z, h3 = half ? raw[c].y : raw[c].w;
@@ -2166,10 +2342,27 @@ struct RowProducer {
         w[c][2] = one ? h3 : h2;
         w[c][3] = one ? h0 : h3;
       }
+      if constexpr (kNarrows) {
+        // Column (jj + r) & 3's 8 channels, two to a word (Precision::narrow2: rounded to TF32, as fp16).
+        uint32_t range = 0;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
+        for (int jj = 0; jj < 4; ++jj) {
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            q[k] = Precision::narrow2(w[2 * k][jj], w[2 * k + 1][jj]);
+            range |= Precision::out_of_range(q[k]);
+          }
+          *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(q[0], q[1], q[2], q[3]);
+        }
+        return range;
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
+      }
     }
+    return 0;
   }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
@@ -2184,29 +2377,36 @@ struct RowProducer {
   __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
   // The body, then this thread's late item if the row reaches it. Where the tag's fast conversion needs NaN-free
   // words, an item with a NaN in it has its NaNs made quiet first (each item on its own: a store waits only for its
-  // own item's loads).
-  __device__ void store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+  // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
+  // (Precision::kGuardsRange; false otherwise).
+  __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+    uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
-      if (mine(k)) store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
+      if (mine(k)) range |= store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      uint4 raw[kVec];
+      uint4 raw[kChannels];
       load_item(raw, kBody + tid, x_img, y, col0);
-      store_item(quieted(raw), kBody + tid, slot);
+      range |= store_item(quieted(raw), kBody + tid, slot);
     }
+    return out_of_range(range);
+  }
+  __device__ static bool out_of_range(uint32_t range) {
+    if constexpr (kNarrows) return (range & Precision::kOutOfRange) != 0;
+    return false;
   }
   // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
   // elements): a NaN that the fast TF32 rounding keeps a NaN (the canonical one, every payload bit set, would carry
   // out). One compare for two words; the rare item with a NaN takes a select a word.
-  __device__ static const uint4 (&quieted(uint4 (&raw)[kVec]))[kVec] {
+  __device__ static const uint4 (&quieted(uint4 (&raw)[kChannels]))[kChannels] {
     if constexpr (sizeof(Elem) == 4) {
       if constexpr (Geometry::Precision::kFastNeedsNoNaN) {
         bool nan = false;
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
+        for (int c = 0; c < kChannels; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
         if (nan) {
 #pragma unroll
-          for (int c = 0; c < kVec; ++c) {
+          for (int c = 0; c < kChannels; ++c) {
             raw[c].x = quiet_nan(raw[c].x), raw[c].y = quiet_nan(raw[c].y);
             raw[c].z = quiet_nan(raw[c].z), raw[c].w = quiet_nan(raw[c].w);
           }
@@ -2216,7 +2416,9 @@ struct RowProducer {
     return raw;
   }
   __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
-  __device__ void copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+  // Returns whether an input it stored is out of the slots' range, as store() does.
+  __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+    uint32_t range = 0;
 #pragma unroll 1
     for (int item = tid; item < kItems; item += kThreads) {
       int grp, chunk;
@@ -2224,12 +2426,16 @@ struct RowProducer {
       const Bits* src = group_row(x_img, y, col0, grp);
       unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
 #pragma unroll 1
-      for (int c = 0; c < kVec; ++c, src += plane) {
+      for (int c = 0; c < kChannels; ++c, src += plane) {
 #pragma unroll
         for (int i0 = 0; i0 < kVec; ++i0) {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
-          if constexpr (sizeof(Elem) == 4) {
+          if constexpr (kNarrows) {
+            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            range |= Precision::out_of_range(h);
+            *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
+          } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
           } else {
@@ -2238,6 +2444,7 @@ struct RowProducer {
         }
       }
     }
+    return out_of_range(range);
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
   // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
@@ -2452,10 +2659,12 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
 
 namespace kb25 {
 
+using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Native16<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
+using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf3299k = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -2465,9 +2674,25 @@ using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, 
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16)
 
 namespace kb25 {
+
+// The images a kernel computes, and Tf32OnF16's guard list. guard: [0] how many images are listed, [1, 1 + N) their
+// indices, [1 + N, 1 + 2N) a flag per image (the launcher zeroes [0] and the flags). A carrier (kGuardsRange) lists
+// the image of every row it stores with an input that fp16 does not hold, each image once, or every image where the
+// weights or the bias do not carry; the TF32 kernel launched after it (kRecomputesListed) computes just the listed
+// images, the i-th step range's image being listed[i]: the same kernel, on a batch of the listed images. Without a
+// guard every image is computed, n being itself.
+struct Images {
+  const int* listed;  // kRecomputesListed with a guard: the images to compute; else nullptr
+  int* guard;         // kGuardsRange: where to list the images it cannot compute; else nullptr
+  int count;          // N
+  __device__ int64_t operator()(int64_t n) const { return listed != nullptr ? listed[n] : n; }
+  __device__ void list(int64_t n) const {
+    if (atomicExch(guard + 1 + count + n, 1) == 0) guard[1 + atomicAdd(guard, 1)] = (int)n;
+  }
+};
 
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
 // land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
@@ -2475,21 +2700,20 @@ namespace kb25 {
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::Elem* __restrict__ x, int H, int W,
-                                             const typename Traits::Ring& ring, Writer& writer) {
+                                             const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
-    const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
+    const int64_t n = images(ahead.at.n);
+    const typename Traits::Elem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
     if (step_starts) writer.step();
     ring.acquire(d);
-    if constexpr (kVec16) {
-      producer.store(row, ring.slot(d), x_img, y, col0);
-    } else {
-      producer.copy_by_element(x_img, y, col0, ring.slot(d));
-    }
+    const bool out_of_range = kVec16 ? producer.store(row, ring.slot(d), x_img, y, col0)
+                                     : producer.copy_by_element(x_img, y, col0, ring.slot(d));
+    if (out_of_range) images.list(n);
     ring.commit(d);
   }
   writer.drain();
@@ -2523,12 +2747,13 @@ struct HandedWrites {
   const uint32_t steps;
   Elem* const out;
   const int OH, OW, ptid;
+  const Images images;
   __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
-                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks)
+                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks, const Images& images_)
       : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
-        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_) {}
+        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_), images(images_) {}
   __device__ void write() {
-    const RowOut<Elem> dst{out + (at.n * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    const RowOut<Elem> dst{out + (images(at.n) * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
     epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
     at.advance();
   }
@@ -2558,23 +2783,29 @@ struct SelfFeed {
   const Elem* const x;
   const int H, W, barrier_id;
   unsigned char* const slots;
+  const Images images;
   const Elem* x_img;
   uint32_t rows;  // rows stored so far: the window is rows - 3 .. rows - 1
   typename Traits::Producer::Row next;  // kVec16: the next step's new row, in flight
   __device__ SelfFeed(const typename Traits::Producer& producer_, const Elem* x_, int H_, int W_, int consumer,
-                      unsigned char* slots_)
-      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), x_img(x_), rows(0) {}
+                      unsigned char* slots_, const Images& images_)
+      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), images(images_), x_img(x_),
+        rows(0) {}
+  // A row of step `at`'s image stored with an input out of the slots' range lists that image (Images::list).
+  __device__ void stored(bool out_of_range, const StepWalker& at) const {
+    if (out_of_range) images.list(images(at.n));
+  }
   __device__ unsigned char* slot(uint32_t d) const { return slots + (d % kK) * Traits::kSlotBytes; }
   __device__ void window(const StepWalker& at, int col0, bool strip_starts, unsigned char* (&w)[3]) {
-    x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
+    x_img = x + images(at.n) * Traits::kCin * ((int64_t)H * W);
     if (strip_starts) {  // a new window: every warp is done with the old one, then all three rows
       named_barrier<Traits::kWarpgroup>(barrier_id);
       for (int i = 0; i < kK; ++i, ++rows) {
         if constexpr (kVec16) {
           producer.load(next, x_img, at.oy + i, col0);
-          producer.store(next, slot(rows), x_img, at.oy + i, col0);
+          stored(producer.store(next, slot(rows), x_img, at.oy + i, col0), at);
         } else {
-          producer.copy_by_element(x_img, at.oy + i, col0, slot(rows));
+          stored(producer.copy_by_element(x_img, at.oy + i, col0, slot(rows)), at);
         }
       }
       named_barrier<Traits::kWarpgroup>(barrier_id);
@@ -2586,10 +2817,10 @@ struct SelfFeed {
     named_barrier<Traits::kWarpgroup>(barrier_id);
     if constexpr (kVec16) {
       if (kBranch && strip_ends) return;
-      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);
+      stored(producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0), at);
       producer.load(next, x_img, min(at.oy + kK + 1, H - 1), col0);
     } else if (!strip_ends) {  // the next step goes on down this strip: it needs row oy + 3
-      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));
+      stored(producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows)), at);
     }
   }
   __device__ void end_step(bool strip_ends) { rows += !strip_ends; }
@@ -2606,11 +2837,13 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
                                               const typename Traits::Elem* __restrict__ b,
                                               typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
                                               float* __restrict__ pre_min, int OH, int OW, int col_blocks,
-                                              unsigned char* consumer_smem, unsigned char* shared) {
+                                              unsigned char* consumer_smem, unsigned char* shared,
+                                              const Images& images) {
   using Elem = typename Traits::Elem;
   typename Traits::Mainloop mainloop(shared, b, ctid);
   using Epilogue = typename Traits::template EpilogueFor<kSave>;
   Epilogue epilogue(consumer_smem + Traits::kRingBytes, c, ctid);
+  epilogue.out_scale = Traits::Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
   StepWalker at(begin, OH, col_blocks);
   // The previous step, reduced but not yet written.
   typename Epilogue::Partial pending;
@@ -2634,7 +2867,7 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
     mainloop.finish(acc, release_oldest);
     feed.end_step(strip_ends);
     pending = epilogue.reduce(acc);
-    pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+    pending_row = (images(at.n) * OH + at.oy) * (int64_t)OW;
     pending_col0 = col0;
   }
   if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
@@ -2652,10 +2885,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
-                             int64_t total_steps) {
+                             int64_t total_steps, int* __restrict__ guard) {
   if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
     using Elem = typename Traits::Elem;
     using Ring = typename Traits::Ring;
+    using Precision = typename Traits::Precision;
+    // A guard kernel with a guard computes the listed images only (Images), and returns at once where none is.
+    if constexpr (Precision::kRecomputesListed) {
+      if (guard != nullptr) {
+        const int listed = guard[0];
+        if (listed == 0) return;
+        total_steps = listed * ((int64_t)(H - (Traits::kKsize - 1)) * Traits::col_blocks(W - (Traits::kKsize - 1)));
+      }
+    }
     extern __shared__ __align__(128) unsigned char smem[];
     // Traits::SharedStorage's members, by their offsets.
     unsigned char* const shared = smem + Traits::kSharedOffset;
@@ -2674,6 +2916,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+    const Images images{Precision::kRecomputesListed && guard != nullptr ? guard + 1 : nullptr,
+                        Precision::kGuardsRange ? guard : nullptr,
+                        Precision::kGuardsRange ? (int)(total_steps / ((int64_t)OH * Traits::col_blocks(OW))) : 0};
+    if constexpr (Precision::kGuardsRange) {
+      if (Traits::Mainloop::scratch(shared)[1] != 0) {  // the weights or the bias do not carry: list every image
+        if (blockIdx.x == 0) {
+          for (int i = threadIdx.x; i < images.count; i += blockDim.x) guard[1 + i] = i;
+          if (threadIdx.x == 0) guard[0] = images.count;
+        }
+        return;
+      }
+    }
     // Consumer c of this CTA takes steps [begin, end) of the grid's kConsumers * gridDim.x ranges.
     const auto consumer_range = [&](int c, int64_t& begin, int64_t& end) {
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
@@ -2687,13 +2941,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const typename Traits::Producer producer(x, H, W, ctid);
       const auto consume = [&](auto& feed) {
         consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
-                                     smem + c * Traits::kConsumerBytes, shared);
+                                     smem + c * Traits::kConsumerBytes, shared, images);
       };
       if (producer.vec16) {
-        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes, images);
         consume(feed);
       } else {
-        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes, images);
         consume(feed);
       }
     } else if (threadIdx.x < Traits::kProducers) {
@@ -2705,14 +2959,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const RowCursor rows(begin, end, OH, col_blocks);
       const auto produce = [&](auto& writer) {
         if (producer.vec16) {
-          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer);
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images);
         } else {
-          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer);
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images);
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
         HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
-                                    begin, end, out, OH, OW, col_blocks);
+                                    begin, end, out, OH, OW, col_blocks, images);
         produce(writer);
       } else {
         NoWrites writer;
@@ -2735,6 +2989,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       typename Traits::Mainloop mainloop(shared, b, ctid);
       using Epilogue = typename Traits::template EpilogueFor<kSave>;
       Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid, stage_bars + 2 * kStagePairs * c);
+      epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
@@ -2773,7 +3028,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           rows_in.release(rows - 1);
         }
         pending = epilogue.reduce(acc);
-        pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+        pending_row = (images(at.n) * OH + at.oy) * (int64_t)OW;
         pending_col0 = col0;
       }
       if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
@@ -2912,7 +3167,8 @@ static cudaError_t resident_ctas_per_sm(int threads, int smem_bytes, int* per_sm
 
 template <class Traits, bool kSave>
 static cudaError_t launch_fused_variant(const void* x, const void* w, const void* b, void* out, void* argmin,
-                                        float* pre_min, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+                                        float* pre_min, int* guard, int64_t N, int H, int W, int num_sms,
+                                        cudaStream_t stream) {
   using Elem = typename Traits::Elem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
@@ -2923,17 +3179,17 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
       static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
-      static_cast<unsigned char*>(argmin), pre_min, H, W, steps);
+      static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
 
 // argmin and pre_min both null: the inference variant; both set: the one that saves them for the backward.
 template <class Traits>
 static cudaError_t launch_fused(const void* x, const void* w, const void* b, void* out, void* argmin, float* pre_min,
-                                int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+                                int* guard, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
   if ((argmin == nullptr) != (pre_min == nullptr)) return cudaErrorInvalidValue;
-  return argmin ? launch_fused_variant<Traits, true>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream)
-                : launch_fused_variant<Traits, false>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+  return argmin ? launch_fused_variant<Traits, true>(x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream)
+                : launch_fused_variant<Traits, false>(x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream);
 }
 
 // The table's kernels (generated/fused_table.cuh), in its order: what each needs of a GPU, and its launcher.
@@ -2942,8 +3198,8 @@ static constexpr kb25::FusedRequirements kFusedRequirements[] = {
     KB25_FUSED_KERNELS(KB25_REQUIREMENTS)
 #undef KB25_REQUIREMENTS
 };
-using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, void*, float*, int64_t, int, int, int,
-                                      cudaStream_t);
+using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, void*, float*, int*, int64_t, int,
+                                      int, int, cudaStream_t);
 static constexpr FusedLauncher kFusedLaunchers[] = {
 #define KB25_LAUNCHER(Traits) launch_fused<kb25::Traits>,
     KB25_FUSED_KERNELS(KB25_LAUNCHER)
@@ -2959,6 +3215,18 @@ extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bo
   return -1;
 }
 
+// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same MMA, that the
+// GPU can launch.
+extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device) {
+  if (kernel < 0 || kernel >= kb25::kFusedKernelCount || !kb25::kFusedKernelGuarded[kernel]) return -1;
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
+    if (kb25::kFusedKernelGuards[k] && kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma &&
+        can_implement(kFusedRequirements[k], device))
+      return k;
+  }
+  return -1;
+}
+
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device) {
   return kernel >= 0 && kernel < kb25::kFusedKernelCount && can_implement(kFusedRequirements[kernel], device);
 }
@@ -2968,10 +3236,10 @@ extern "C" int fused_kernel_smem_bytes(int kernel) {
 }
 
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
-                                                      int W, int num_sms, cudaStream_t stream) {
+                                                      void* out, void* argmin, float* pre_min, int* guard, int64_t N,
+                                                      int H, int W, int num_sms, cudaStream_t stream) {
   if (kernel < 0 || kernel >= kb25::kFusedKernelCount) return cudaErrorInvalidValue;
-  return kFusedLaunchers[kernel](x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+  return kFusedLaunchers[kernel](x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream);
 }
 
 template <class Elem>
@@ -3136,9 +3404,13 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 10;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
-inline constexpr int kFusedKernelPrecision[] = {0, 1, 2, 3, 0, 0, 1, 1, 2, 3};
+inline constexpr int kFusedKernelCount = 12;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 0, 0, 0, 1, 1, 2, 3};
+// Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
+// zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
+inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, true, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -3151,13 +3423,16 @@ struct DeviceProfile {
 // The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
 // can launch (only mma.sync kernels if mma_sync_only), or -1.
 extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
+extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
 extern "C" int fused_kernel_smem_bytes(int kernel);
 // The caller has checked that its device launches `kernel` (fused_kernel_fits).
 // argmin (uint8) and pre_min (float32), one per output pixel, are written when both are given (else both null).
+// guard: a guarded kernel's and its guard's buffer (kFusedKernelGuarded); null: a guard computes every image.
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
-                                                      int W, int num_sms, cudaStream_t stream);
+                                                      void* out, void* argmin, float* pre_min, int* guard, int64_t N,
+                                                      int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):
@@ -3342,10 +3617,12 @@ void clear_device_emulation() {
   emulating.store(false, std::memory_order_release);
 }
 
-// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise).
+// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise) and, for a
+// guarded kernel, its guard (else -1).
 struct Choice {
   int64_t backend;
   int kernel;
+  int guard = -1;
 };
 
 // The decision table of backend "auto" on CUDA (docs/design.md, "The backend decision table"); a forced backend is
@@ -3356,8 +3633,12 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
   if (requested == kb25::kBackendCudnnEpilogue) return {requested, -1};
   const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
   const int kernel = fused_kernel_for(x, weight, mma_sync);
+  const int guard = kernel >= 0 ? choose_guard_kernel(kernel, device_profile(x.get_device())) : -1;
+  TORCH_CHECK(kernel < 0 || !kb25::kFusedKernelGuarded[kernel] || guard >= 0,
+              "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
+                  profile_str(device_profile(x.get_device())));
   if (requested == kb25::kBackendAuto) {
-    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel} : Choice{kb25::kBackendCudnnEpilogue, -1};
+    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel, guard} : Choice{kb25::kBackendCudnnEpilogue, -1};
   }
   TORCH_CHECK_VALUE(kernel >= 0,
                     "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
@@ -3368,7 +3649,7 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
                         shape_str(weight.sizes()) + ", TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed") + ", on " +
                         profile_str(device_profile(x.get_device())));
-  return {requested, kernel};
+  return {requested, kernel, guard};
 }
 
 int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
@@ -3382,9 +3663,12 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
-// two come back undefined (nothing allocated: the inference call's host time).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
-                                                                       const at::Tensor& bias, int kernel, bool save) {
+// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
+// operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
+// after it in the same stream, recomputes them (with none listed it returns at once; -1: not launched, for the
+// tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int kernel, int guard_kernel, bool save) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
@@ -3392,12 +3676,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at:
   at::Tensor out = at::empty(sizes, xc.options());
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
-  const cudaError_t err = launch_fused_conv3x3_min_tanh2(
-      kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
-      save ? pre_min.data_ptr<float>() : nullptr, N, (int)H, (int)W,
-      current_sm_count(), current_stream());
-  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
-  return {out, argmin, pre_min};
+  const bool guarded = kb25::kFusedKernelGuarded[kernel];
+  at::Tensor guard = guarded ? at::zeros({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  const auto launch = [&](int k) {
+    const cudaError_t err = launch_fused_conv3x3_min_tanh2(
+        k, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
+        save ? pre_min.data_ptr<float>() : nullptr, guarded ? guard.data_ptr<int>() : nullptr, N, (int)H, (int)W,
+        current_sm_count(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel " + std::string(kb25::kFusedKernelNames[k]) +
+                                        " did not launch: " + std::string(cudaGetErrorString(err)));
+  };
+  launch(kernel);
+  if (guarded && guard_kernel >= 0) launch(guard_kernel);
+  return {out, argmin, pre_min, guard};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
+                                                                       const at::Tensor& bias, const Choice& choice,
+                                                                       bool save) {
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, choice.kernel, choice.guard, save);
+  return {std::get<0>(result), std::get<1>(result), std::get<2>(result)};
 }
 
 // cuDNN's conv through ATen (every torch.backends.cudnn setting applies), then one kernel: min over dim 1 (channels
@@ -3425,8 +3723,11 @@ bool fused_kernel_launches(int64_t kernel) {
 }
 
 // One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
-// precision and launch on this GPU itself (whatever is emulated).
-at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+// precision and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
+// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
+                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
   check_input(x, weight, bias);
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
@@ -3442,7 +3743,13 @@ at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const
   TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
                     "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
                         " bytes of shared memory per block and its MMA; got " + profile_str(real));
-  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, (int)kernel, false));
+  const int guard_kernel = with_guard ? choose_guard_kernel((int)kernel, real) : -1;
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, guard_kernel, false);
+  return {std::get<0>(result), std::get<3>(result)};
+}
+
+at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+  return std::get<0>(run_fused_kernel_guarded(x, weight, bias, kernel, true));
 }
 
 // The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
@@ -3452,7 +3759,7 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   const c10::cuda::CUDAGuard guard(x.device());
   const Choice choice = choose(x, weight, backend);
   if (choice.kernel < 0) return std::get<0>(cudnn_conv_then_epilogue(x, weight, bias, false));
-  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, false));
+  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
@@ -3473,7 +3780,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_with_argmin(const 
   const Choice choice = choose(x, weight, backend);
   const bool save = saves_argmin(x, weight);
   auto result = choice.kernel < 0 ? cudnn_conv_then_epilogue(x, weight, bias, save)
-                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, save);
+                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice, save);
   if (!save) {  // an op returns defined tensors: empty ones say "nothing saved"
     std::get<1>(result) = at::empty({0}, x.options().dtype(at::kByte));
     std::get<2>(result) = at::empty({0}, x.options().dtype(at::kFloat));
@@ -3558,6 +3865,7 @@ TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
+                       "run_fused_kernel_guarded",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -3917,8 +4225,19 @@ def fused_kernel_launches(name):
 
 
 def run_fused_kernel(x, weight, bias, name):
-    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU."""
+    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU. A
+    guarded kernel (TF32 on fp16 operands) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
+
+
+def run_guarded_kernel(x, weight, bias, name, with_guard):
+    """A guarded fused kernel (tests): (its output, with its guard or alone; the images it listed for the guard, in
+    the order it listed them)."""
+    guarded = [k.name for k in FUSED_TABLE if k.tag in GUARDED_TAGS]
+    if name not in guarded:
+        raise ValueError(f"expected a guarded kernel ({', '.join(guarded)}), got {name!r}")
+    out, guard = _ext.run_fused_kernel_guarded(x, weight, bias, _fused_code(name), with_guard)
+    return out, guard[1:1 + int(guard[0])]
 
 
 _emulation_stack = []

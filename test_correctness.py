@@ -480,7 +480,8 @@ def test_timeline_stamps_the_current_source():
     # its report assumes two consumers fed by producer warps: any other kernel is refused in one line, before a build
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(timeline.__file__), "timeline.py"), "sm80_bf16"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "expected a wgmma kernel (sm90_tf32, sm90_tf32x3, sm90_bf16, sm90_fp16), got " \
+    assert proc.returncode == 2 and "expected a wgmma kernel (sm90_tf32_f16, sm90_tf32, sm90_tf32x3, sm90_bf16, " \
+        "sm90_fp16), got " \
         "'sm80_bf16'" in proc.stderr, proc.stderr
 
 
@@ -507,7 +508,8 @@ def test_harness_precisions_are_model_news():
     """The cases table joins harness.PRECISIONS (tolerances) with FUSED_TABLE (precision names): one list of names."""
     assert tuple(harness.PRECISIONS) == model_new.PRECISIONS
     assert {k.precision for k in model_new.FUSED_TABLE} == set(model_new.PRECISIONS)
-    assert set(model_new.PRECISION_TAGS) == set(model_new.PRECISIONS)
+    assert {p for p, _ in model_new.PRECISION_TAGS} == set(model_new.PRECISIONS)
+    assert set(model_new.PRECISION_TAGS) == {(k.precision, k.operand) for k in model_new.FUSED_TABLE}
     kernel_cases = {c.kernel for c in harness.CASES.values() if c.backend == "kernel"}
     assert kernel_cases == set(model_new.FUSED_KERNELS)
 
@@ -963,7 +965,7 @@ def _instantiation(mangled):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
     import machine_code
 
-    table = [(row, model_new.PRECISION_TAGS[row.precision]) for row in model_new.FUSED_TABLE]
+    table = machine_code.tag_table(model_new)
     name = machine_code.kernel_names([mangled], table)[mangled]
     assert name.startswith("fused/"), (mangled, name)
     parts = name.split("/")
@@ -1129,16 +1131,15 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
 
 def _expected_kernel(precision, mma_sync_only=False):
     """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
-    else the mma.sync kernel, TF32 and 3xTF32 in their 99 KB forms where a block may not have 138.8 KB (TF32) or
-    126.6 KB (3xTF32)."""
+    else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 126.6 KB. TF32 runs on fp16
+    operands everywhere."""
     if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
-        return {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"}[precision]
+        return {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16",
+                "fp16": "sm90_fp16"}[precision]
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     if precision == "strict_fp32":
         return "sm80_tf32x3" if optin >= 126560 else "sm80_tf32x3_99k"
-    if precision == "tf32":
-        return "sm80_tf32" if optin >= 138848 else "sm80_tf32_99k"
-    return {"bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
+    return {"tf32": "sm80_tf32_f16", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
 
 
 @needs_cuda
@@ -1197,14 +1198,14 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
 
 # What each GPU profile (harness.DEVICE_PROFILES) runs per precision: None is cudnn_epilogue. Written out by hand, not
 # derived from the table, so that a change of the chooser's answers shows here.
-_SM80 = {"tf32": "sm80_tf32", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
-_SM80_99K = dict(_SM80, tf32="sm80_tf32_99k", strict_fp32="sm80_tf32x3_99k")
+_SM80 = {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
+_SM80_99K = dict(_SM80, strict_fp32="sm80_tf32x3_99k")
 PROFILE_KERNELS = {
     "T4": dict.fromkeys(harness.PRECISIONS),
     "A100": _SM80,
     "A10G": _SM80_99K,
     "L40S": _SM80_99K,
-    "H100": {"tf32": "sm90_tf32", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
+    "H100": {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
     "B200": _SM80,
     "RTX5090": _SM80_99K,
 }
@@ -1267,10 +1268,10 @@ def test_emulate_device_nests_restores_and_refuses_what_cannot_launch(tf32_defau
     x = torch.rand(1, 16, 4, 4, device="cuda")
     real = new.fused_kernel(x)
     with harness.emulated("A10G"):
-        assert new.fused_kernel(x) == "sm80_tf32_99k" and model_new.fused_mma_kind() == "mma_sync"
+        assert new.fused_kernel(x) == "sm80_tf32_f16" and model_new.fused_mma_kind() == "mma_sync"
         with harness.emulated("T4"):
             assert new.fused_kernel(x) is None and new.resolve_backend(x) == "cudnn_epilogue"
-        assert new.fused_kernel(x) == "sm80_tf32_99k"
+        assert new.fused_kernel(x) == "sm80_tf32_f16"
     assert new.fused_kernel(x) == real
     too_much = torch.cuda.get_device_properties(0).shared_memory_per_block_optin + 1
     with pytest.raises(ValueError, match=rf"emulate_device expects smem_optin of 1\.\.\d+ bytes .*got {too_much}"):
@@ -2104,3 +2105,174 @@ def test_training_under_compile_and_cuda_graphs(tf32_default):
         xg.grad = None
         graphed(xg).backward(g)
         assert torch.equal(xg.grad, dx) and torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)
+
+
+# ------------------------------------------------------------------------------ TF32 on fp16 operands, and its guard
+GUARDED = [k.name for k in model_new.FUSED_TABLE if k.tag in model_new.GUARDED_TAGS]
+TF32_GUARDS = [k.name for k in model_new.FUSED_TABLE if k.tag in model_new.GUARD_TAGS]
+
+
+def _guard_of(name):
+    """The TF32 kernel that guards `name` on this GPU: the first guard of the same MMA that launches here."""
+    mma = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)].mma
+    return next(k for k in TF32_GUARDS if model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(k)].mma == mma
+                and model_new.fused_kernel_launches(k))
+
+
+def _guarded_or_skip(name):
+    if not model_new.fused_kernel_launches(name):
+        pytest.skip(f"{name} does not launch on this GPU")
+
+
+def _signed_rand(shape, seed, scale=1.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.rand(shape, generator=gen, device="cuda") * 2 - 1) * scale
+
+
+def _distribution(kind, shape, seed):
+    """Inputs for the carrier: torch.rand; signed normal; tiny (x 1e-3: some below fp16's normal range); all below
+    fp16's normal range (x 6e-5); ties (every value halfway between two TF32 values, where rounding to nearest even
+    and ties away differ); wide (magnitudes 2^-14 .. 2^8, signed)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "rand":
+        return torch.rand(shape, generator=gen, device="cuda")
+    if kind == "normal":
+        return torch.randn(shape, generator=gen, device="cuda")
+    if kind == "tiny":
+        return torch.rand(shape, generator=gen, device="cuda") * 1e-3
+    if kind == "subnormal":
+        return torch.rand(shape, generator=gen, device="cuda") * 6e-5
+    if kind == "ties":
+        k = torch.randint(0, 1024, shape, generator=gen, device="cuda").float()
+        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+        return sign * (1 + (2 * k + 1) * 2.0 ** -11)
+    if kind == "wide":
+        e = torch.rand(shape, generator=gen, device="cuda") * 22 - 14
+        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+        return sign * torch.exp2(e)
+    raise ValueError(kind)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "ties", "wide"])
+@pytest.mark.parametrize("name", GUARDED)
+def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default):
+    """The guarded kernels multiply TF32-rounded operands (ties away) on fp16 tensor cores: against the float64
+    forward of the TF32-rounded x and weight, within fp32 accumulation noise (2e-6 of the sums' scale), plus, where
+    x lies below fp16's normal range, 2^-24 per input times the largest sum of |w| over a channel (the precision
+    contract). (Against the reference itself: the full-size tests; cuDNN runs some small shapes in full fp32.) Ragged
+    shapes: tiles cut by the image's edge, W not a multiple of 4 (element loads)."""
+    _guarded_or_skip(name)
+    _, new = _cuda_models(7)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    if kind == "wide":
+        w = w / 256
+    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
+        x = _distribution(kind, shape, seed=hash((kind, shape)) % 1000)
+        out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
+        assert listed.numel() == 0, (kind, shape, listed)
+        truth = harness.float64_forward(x, w, b, operands=harness.round_tf32)
+        scale = max(1.0, float(truth.abs().max()))
+        bound = 2e-6 * scale
+        if kind in ("tiny", "subnormal"):
+            bound += 2.0 ** -24 * float(harness.round_tf32(w).abs().sum(dim=(1, 2, 3)).max())
+        err = harness.max_abs_error(out, truth)
+        assert err <= bound, f"{name} {kind} {shape}: {err} from the TF32 products' float64 forward (bound {bound})"
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", GUARDED)
+def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default):
+    """Inputs whose TF32 value fp16 does not hold (65520 rounds to 65536, 1e30, +-inf, NaN), in one row of one
+    image, over one image's rows, in several images; tiny ones (1e-6, 1e-30) and 65504's neighbour 65000 that it does
+    hold. Alone, the kernel lists exactly the images with such inputs, each once, and leaves the others as its
+    guarded run leaves them (the guard's path missed there); with its guard, each listed image is bit for bit what
+    the TF32 kernel gives it (NaN where it has NaN: the guard's path hit)."""
+    _guarded_or_skip(name)
+    _, new = _cuda_models(8)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    x = make_input((7, 16, 21, 262), seed=9, device="cuda")
+    x[0, 4, 3, 5], x[0, 9, 20, 261], x[0, 0, 0, 0] = 1e-6, 1e-30, 65000.0  # in range
+    x[1, 3, 7, 11] = 65520.0
+    x[2, 0, 0, 0], x[2, 15, 20, 261] = float("inf"), -float("inf")
+    x[4, 5, 10, 20], x[4, 6, 10, 21] = float("nan"), -1e30
+    x[5, :, :, 100] = -70000.0  # every row of the image
+    x[6, 2, 12, 7] = 65504.0  # fp16's largest: it fits, and may go to the guard all the same
+    raw, listed = model_new.run_guarded_kernel(x, w, b, name, False)
+    listed = listed.tolist()
+    assert len(listed) == len(set(listed)), listed
+    assert {1, 2, 4, 5} <= set(listed) <= {1, 2, 4, 5, 6}, listed
+    full, again = model_new.run_guarded_kernel(x, w, b, name, True)
+    assert sorted(again.tolist()) == sorted(listed)
+    tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
+    for n in range(x.shape[0]):
+        if n in listed:
+            assert torch.equal(full[n].isnan(), tf32[n].isnan()) and torch.equal(
+                torch.nan_to_num(full[n]), torch.nan_to_num(tf32[n])), n
+            assert not torch.equal(torch.nan_to_num(raw[n]), torch.nan_to_num(full[n])), n
+        else:
+            assert torch.equal(raw[n], full[n]), n
+    assert full[2].isnan().any() and full[4].isnan().any()
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias"])
+@pytest.mark.parametrize("name", GUARDED)
+def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_default):
+    """The weights are scaled by a power of two into fp16's range and the scale is undone after the min: tiny
+    (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the TF32 products (1e-6
+    of the output's scale from the TF32 kernel's), nothing listed. Weights fp16 cannot hold at any one scale (one
+    weight 2^40 times the rest) or a NaN weight or bias list every image, and the output is the TF32 kernel's."""
+    _guarded_or_skip(name)
+    _, new = _cuda_models(10)
+    w, b = new.conv.weight.detach().clone(), new.conv.bias.detach().clone()
+    if case == "tiny":
+        w, b = w * 1e-20, b * 1e-20
+    elif case == "huge":
+        w, b = w * 1e20, b * 1e20
+    elif case == "bias_large":
+        b = b * 1e4
+    elif case == "zero":
+        w = torch.zeros_like(w)
+    elif case == "wide":
+        w[3, 2, 1, 1] = 2.0 ** 40
+    elif case == "nan_weight":
+        w[5, 0, 0, 0] = float("nan")
+    elif case == "nan_bias":
+        b[7] = float("nan")
+    x = make_input((3, 16, 20, 70), seed=11, device="cuda")
+    out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
+    tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
+    if case in ("wide", "nan_weight", "nan_bias"):
+        assert sorted(listed.tolist()) == [0, 1, 2]
+        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(tf32)) and torch.equal(out.isnan(), tf32.isnan())
+    else:
+        assert listed.numel() == 0
+        scale = float(tf32.abs().max()) or 1.0
+        assert harness.max_abs_error(out, tf32) <= 1e-6 * scale, case
+        truth = harness.float64_forward(x, w, b, operands=harness.round_tf32)
+        assert harness.max_abs_error(out, truth) <= 2e-6 * scale, case
+
+
+@needs_cuda
+def test_guard_runs_in_one_stream_under_cuda_graphs(tf32_default):
+    """The guard needs nothing from the host: a captured call replays with new inputs, listing and recomputing
+    what each replay's input needs (none, then one image)."""
+    _, new = _cuda_models(12)
+    x = make_input((3, 16, 20, 70), seed=12, device="cuda")
+    static = x.clone()
+    with torch.no_grad():
+        new(static)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = new(static)
+    for poke in (False, True):
+        fresh = make_input((3, 16, 20, 70), seed=13 + poke, device="cuda")
+        if poke:
+            fresh[1, 2, 3, 4] = float("inf")
+        static.copy_(fresh)
+        graph.replay()
+        with torch.no_grad():
+            want = new(fresh)
+        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(want)) and torch.equal(out.isnan(), want.isnan())

@@ -18,6 +18,7 @@ struct MmaSyncEpilogue {
   static constexpr bool kHandsOff = false;
   static constexpr int kHandOffStages = 0;
   const int ctid;
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   __device__ MmaSyncEpilogue(unsigned char*, int, int ctid_, uint64_t* = nullptr) : ctid(ctid_) {}
 
   struct Partial {
@@ -91,7 +92,7 @@ struct MmaSyncEpilogue {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int at = col + 8 * half;
-        const float m = half ? part.hi[i] : part.lo[i];
+        const float m = Geometry::Precision::unscale(half ? part.hi[i] : part.lo[i], out_scale);
         if constexpr (kSave) {
           if (mt < kMTiles && at < OW) {
             dst.out[at] = convert<Elem>(tanh2<Geometry::Precision::kTanhApprox>(m));

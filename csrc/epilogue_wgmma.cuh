@@ -65,7 +65,8 @@ struct WgmmaEpilogue {
   uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
   const int barrier_id, ctid;
   int turn = 0;
-  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  uint32_t staged = 0;
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)  // kHandsOff: steps staged (the consumer) or written (the producer) so far
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
         barrier_id(1 + consumer), ctid(ctid_) {}
@@ -264,13 +265,15 @@ struct WgmmaEpilogue {
             int channel = buffer_ch[at];
 #pragma unroll
             for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
+            m = Precision::unscale(m, out_scale);
             dst.argmin[col] = (unsigned char)channel;
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
             if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                        nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at]));
+            m = Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                                           nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
+                                   out_scale);
           }
           dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }

@@ -5,27 +5,42 @@
 
 namespace kb25 {
 
+// The images a kernel computes, and Tf32OnF16's guard list. guard: [0] how many images are listed, [1, 1 + N) their
+// indices, [1 + N, 1 + 2N) a flag per image (the launcher zeroes [0] and the flags). A carrier (kGuardsRange) lists
+// the image of every row it stores with an input that fp16 does not hold, each image once, or every image where the
+// weights or the bias do not carry; the TF32 kernel launched after it (kRecomputesListed) computes just the listed
+// images, the i-th step range's image being listed[i]: the same kernel, on a batch of the listed images. Without a
+// guard every image is computed, n being itself.
+struct Images {
+  const int* listed;  // kRecomputesListed with a guard: the images to compute; else nullptr
+  int* guard;         // kGuardsRange: where to list the images it cannot compute; else nullptr
+  int count;          // N
+  __device__ int64_t operator()(int64_t n) const { return listed != nullptr ? listed[n] : n; }
+  __device__ void list(int64_t n) const {
+    if (atomicExch(guard + 1 + count + n, 1) == 0) guard[1 + atomicAdd(guard, 1)] = (int)n;
+  }
+};
+
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
 // land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
 // writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::Elem* __restrict__ x, int H, int W,
-                                             const typename Traits::Ring& ring, Writer& writer) {
+                                             const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
-    const typename Traits::Elem* const x_img = x + ahead.at.n * Traits::kCin * ((int64_t)H * W);
+    const int64_t n = images(ahead.at.n);
+    const typename Traits::Elem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
     if (step_starts) writer.step();
     ring.acquire(d);
-    if constexpr (kVec16) {
-      producer.store(row, ring.slot(d), x_img, y, col0);
-    } else {
-      producer.copy_by_element(x_img, y, col0, ring.slot(d));
-    }
+    const bool out_of_range = kVec16 ? producer.store(row, ring.slot(d), x_img, y, col0)
+                                     : producer.copy_by_element(x_img, y, col0, ring.slot(d));
+    if (out_of_range) images.list(n);
     ring.commit(d);
   }
   writer.drain();
@@ -59,12 +74,13 @@ struct HandedWrites {
   const uint32_t steps;
   Elem* const out;
   const int OH, OW, ptid;
+  const Images images;
   __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
-                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks)
+                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks, const Images& images_)
       : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
-        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_) {}
+        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_), images(images_) {}
   __device__ void write() {
-    const RowOut<Elem> dst{out + (at.n * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    const RowOut<Elem> dst{out + (images(at.n) * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
     epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
     at.advance();
   }
@@ -94,23 +110,29 @@ struct SelfFeed {
   const Elem* const x;
   const int H, W, barrier_id;
   unsigned char* const slots;
+  const Images images;
   const Elem* x_img;
   uint32_t rows;  // rows stored so far: the window is rows - 3 .. rows - 1
   typename Traits::Producer::Row next;  // kVec16: the next step's new row, in flight
   __device__ SelfFeed(const typename Traits::Producer& producer_, const Elem* x_, int H_, int W_, int consumer,
-                      unsigned char* slots_)
-      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), x_img(x_), rows(0) {}
+                      unsigned char* slots_, const Images& images_)
+      : producer(producer_), x(x_), H(H_), W(W_), barrier_id(1 + consumer), slots(slots_), images(images_), x_img(x_),
+        rows(0) {}
+  // A row of step `at`'s image stored with an input out of the slots' range lists that image (Images::list).
+  __device__ void stored(bool out_of_range, const StepWalker& at) const {
+    if (out_of_range) images.list(images(at.n));
+  }
   __device__ unsigned char* slot(uint32_t d) const { return slots + (d % kK) * Traits::kSlotBytes; }
   __device__ void window(const StepWalker& at, int col0, bool strip_starts, unsigned char* (&w)[3]) {
-    x_img = x + at.n * Traits::kCin * ((int64_t)H * W);
+    x_img = x + images(at.n) * Traits::kCin * ((int64_t)H * W);
     if (strip_starts) {  // a new window: every warp is done with the old one, then all three rows
       named_barrier<Traits::kWarpgroup>(barrier_id);
       for (int i = 0; i < kK; ++i, ++rows) {
         if constexpr (kVec16) {
           producer.load(next, x_img, at.oy + i, col0);
-          producer.store(next, slot(rows), x_img, at.oy + i, col0);
+          stored(producer.store(next, slot(rows), x_img, at.oy + i, col0), at);
         } else {
-          producer.copy_by_element(x_img, at.oy + i, col0, slot(rows));
+          stored(producer.copy_by_element(x_img, at.oy + i, col0, slot(rows)), at);
         }
       }
       named_barrier<Traits::kWarpgroup>(barrier_id);
@@ -122,10 +144,10 @@ struct SelfFeed {
     named_barrier<Traits::kWarpgroup>(barrier_id);
     if constexpr (kVec16) {
       if (kBranch && strip_ends) return;
-      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);
+      stored(producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0), at);
       producer.load(next, x_img, min(at.oy + kK + 1, H - 1), col0);
     } else if (!strip_ends) {  // the next step goes on down this strip: it needs row oy + 3
-      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));
+      stored(producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows)), at);
     }
   }
   __device__ void end_step(bool strip_ends) { rows += !strip_ends; }
@@ -142,11 +164,13 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
                                               const typename Traits::Elem* __restrict__ b,
                                               typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
                                               float* __restrict__ pre_min, int OH, int OW, int col_blocks,
-                                              unsigned char* consumer_smem, unsigned char* shared) {
+                                              unsigned char* consumer_smem, unsigned char* shared,
+                                              const Images& images) {
   using Elem = typename Traits::Elem;
   typename Traits::Mainloop mainloop(shared, b, ctid);
   using Epilogue = typename Traits::template EpilogueFor<kSave>;
   Epilogue epilogue(consumer_smem + Traits::kRingBytes, c, ctid);
+  epilogue.out_scale = Traits::Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
   StepWalker at(begin, OH, col_blocks);
   // The previous step, reduced but not yet written.
   typename Epilogue::Partial pending;
@@ -170,7 +194,7 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
     mainloop.finish(acc, release_oldest);
     feed.end_step(strip_ends);
     pending = epilogue.reduce(acc);
-    pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+    pending_row = (images(at.n) * OH + at.oy) * (int64_t)OW;
     pending_col0 = col0;
   }
   if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
@@ -188,10 +212,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
-                             int64_t total_steps) {
+                             int64_t total_steps, int* __restrict__ guard) {
   if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
     using Elem = typename Traits::Elem;
     using Ring = typename Traits::Ring;
+    using Precision = typename Traits::Precision;
+    // A guard kernel with a guard computes the listed images only (Images), and returns at once where none is.
+    if constexpr (Precision::kRecomputesListed) {
+      if (guard != nullptr) {
+        const int listed = guard[0];
+        if (listed == 0) return;
+        total_steps = listed * ((int64_t)(H - (Traits::kKsize - 1)) * Traits::col_blocks(W - (Traits::kKsize - 1)));
+      }
+    }
     extern __shared__ __align__(128) unsigned char smem[];
     // Traits::SharedStorage's members, by their offsets.
     unsigned char* const shared = smem + Traits::kSharedOffset;
@@ -210,6 +243,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
+    const Images images{Precision::kRecomputesListed && guard != nullptr ? guard + 1 : nullptr,
+                        Precision::kGuardsRange ? guard : nullptr,
+                        Precision::kGuardsRange ? (int)(total_steps / ((int64_t)OH * Traits::col_blocks(OW))) : 0};
+    if constexpr (Precision::kGuardsRange) {
+      if (Traits::Mainloop::scratch(shared)[1] != 0) {  // the weights or the bias do not carry: list every image
+        if (blockIdx.x == 0) {
+          for (int i = threadIdx.x; i < images.count; i += blockDim.x) guard[1 + i] = i;
+          if (threadIdx.x == 0) guard[0] = images.count;
+        }
+        return;
+      }
+    }
     // Consumer c of this CTA takes steps [begin, end) of the grid's kConsumers * gridDim.x ranges.
     const auto consumer_range = [&](int c, int64_t& begin, int64_t& end) {
       step_range(total_steps, (int64_t)blockIdx.x * Traits::kConsumers + c, (int64_t)gridDim.x * Traits::kConsumers,
@@ -223,13 +268,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const typename Traits::Producer producer(x, H, W, ctid);
       const auto consume = [&](auto& feed) {
         consume_steps<Traits, kSave>(feed, c, ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks,
-                                     smem + c * Traits::kConsumerBytes, shared);
+                                     smem + c * Traits::kConsumerBytes, shared, images);
       };
       if (producer.vec16) {
-        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        SelfFeed<Traits, true> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes, images);
         consume(feed);
       } else {
-        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes);
+        SelfFeed<Traits, false> feed(producer, x, H, W, c, smem + c * Traits::kConsumerBytes, images);
         consume(feed);
       }
     } else if (threadIdx.x < Traits::kProducers) {
@@ -241,14 +286,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const RowCursor rows(begin, end, OH, col_blocks);
       const auto produce = [&](auto& writer) {
         if (producer.vec16) {
-          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer);
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images);
         } else {
-          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer);
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images);
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
         HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
-                                    begin, end, out, OH, OW, col_blocks);
+                                    begin, end, out, OH, OW, col_blocks, images);
         produce(writer);
       } else {
         NoWrites writer;
@@ -271,6 +316,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       typename Traits::Mainloop mainloop(shared, b, ctid);
       using Epilogue = typename Traits::template EpilogueFor<kSave>;
       Epilogue epilogue(rows_in.slots + Traits::kRingBytes, c, ctid, stage_bars + 2 * kStagePairs * c);
+      epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
@@ -309,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           rows_in.release(rows - 1);
         }
         pending = epilogue.reduce(acc);
-        pending_row = (at.n * OH + at.oy) * (int64_t)OW;
+        pending_row = (images(at.n) * OH + at.oy) * (int64_t)OW;
         pending_col0 = col0;
       }
       if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);

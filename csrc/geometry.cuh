@@ -23,7 +23,8 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;
+  using Elem = typename Precision::Elem;        // x, the weights, the bias, the output
+  using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;
   static constexpr int kKsize = KB25_FUSED_KSIZE;
@@ -39,11 +40,11 @@ struct ConvGeometry {
   static constexpr int kMmaK = Precision::kMmaK;
   static constexpr int kKStepsPerTap = kCin / kMmaK;
   static constexpr int kKSteps = kTaps * kKStepsPerTap;
-  static constexpr int kGroupChannels = 16 / (int)sizeof(Elem);
+  static constexpr int kGroupChannels = 16 / (int)sizeof(MmaElem);
   static constexpr int kGroups = kCin / kGroupChannels;
   // Columns per group in a slot: a row segment, and for 16-bit an offset of 4 columns modulo 8 between the two
   // groups (the producer's stores rely on it).
-  static constexpr int kPitchCols = kTileCols + (sizeof(Elem) == 2 ? 12 : kTileCols <= 64 ? 4 : 8);
+  static constexpr int kPitchCols = kTileCols + (sizeof(MmaElem) == 2 ? 12 : kTileCols <= 64 ? 4 : 8);
   static constexpr int kGroupBytes = kPitchCols * 16;
   static constexpr int kCopyBytes = kGroups * kGroupBytes;
   static constexpr int kSlotBytes = kCopies * kCopyBytes;

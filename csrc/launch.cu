@@ -70,7 +70,8 @@ static cudaError_t resident_ctas_per_sm(int threads, int smem_bytes, int* per_sm
 
 template <class Traits, bool kSave>
 static cudaError_t launch_fused_variant(const void* x, const void* w, const void* b, void* out, void* argmin,
-                                        float* pre_min, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+                                        float* pre_min, int* guard, int64_t N, int H, int W, int num_sms,
+                                        cudaStream_t stream) {
   using Elem = typename Traits::Elem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
@@ -81,17 +82,17 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
       static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
-      static_cast<unsigned char*>(argmin), pre_min, H, W, steps);
+      static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
 
 // argmin and pre_min both null: the inference variant; both set: the one that saves them for the backward.
 template <class Traits>
 static cudaError_t launch_fused(const void* x, const void* w, const void* b, void* out, void* argmin, float* pre_min,
-                                int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
+                                int* guard, int64_t N, int H, int W, int num_sms, cudaStream_t stream) {
   if ((argmin == nullptr) != (pre_min == nullptr)) return cudaErrorInvalidValue;
-  return argmin ? launch_fused_variant<Traits, true>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream)
-                : launch_fused_variant<Traits, false>(x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+  return argmin ? launch_fused_variant<Traits, true>(x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream)
+                : launch_fused_variant<Traits, false>(x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream);
 }
 
 // The table's kernels (generated/fused_table.cuh), in its order: what each needs of a GPU, and its launcher.
@@ -100,8 +101,8 @@ static constexpr kb25::FusedRequirements kFusedRequirements[] = {
     KB25_FUSED_KERNELS(KB25_REQUIREMENTS)
 #undef KB25_REQUIREMENTS
 };
-using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, void*, float*, int64_t, int, int, int,
-                                      cudaStream_t);
+using FusedLauncher = cudaError_t (*)(const void*, const void*, const void*, void*, void*, float*, int*, int64_t, int,
+                                      int, int, cudaStream_t);
 static constexpr FusedLauncher kFusedLaunchers[] = {
 #define KB25_LAUNCHER(Traits) launch_fused<kb25::Traits>,
     KB25_FUSED_KERNELS(KB25_LAUNCHER)
@@ -117,6 +118,18 @@ extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bo
   return -1;
 }
 
+// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same MMA, that the
+// GPU can launch.
+extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device) {
+  if (kernel < 0 || kernel >= kb25::kFusedKernelCount || !kb25::kFusedKernelGuarded[kernel]) return -1;
+  for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
+    if (kb25::kFusedKernelGuards[k] && kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma &&
+        can_implement(kFusedRequirements[k], device))
+      return k;
+  }
+  return -1;
+}
+
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device) {
   return kernel >= 0 && kernel < kb25::kFusedKernelCount && can_implement(kFusedRequirements[kernel], device);
 }
@@ -126,10 +139,10 @@ extern "C" int fused_kernel_smem_bytes(int kernel) {
 }
 
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
-                                                      int W, int num_sms, cudaStream_t stream) {
+                                                      void* out, void* argmin, float* pre_min, int* guard, int64_t N,
+                                                      int H, int W, int num_sms, cudaStream_t stream) {
   if (kernel < 0 || kernel >= kb25::kFusedKernelCount) return cudaErrorInvalidValue;
-  return kFusedLaunchers[kernel](x, w, b, out, argmin, pre_min, N, H, W, num_sms, stream);
+  return kFusedLaunchers[kernel](x, w, b, out, argmin, pre_min, guard, N, H, W, num_sms, stream);
 }
 
 template <class Elem>

@@ -19,20 +19,23 @@ struct MmaSyncMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
   static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
   static constexpr int kNTiles = Geometry::kCout / 8;
-  static constexpr int kPerWord = 4 / (int)sizeof(Elem);  // elements per operand register
+  static constexpr int kPerWord = 4 / (int)sizeof(MmaElem);  // elements per operand register
   using Accum = float[kMTiles][kNTiles][4];
   static constexpr int kWeightWords = Geometry::kKSteps * (kNTiles / 2) * 32 * 4;  // one copy
   static constexpr int kWeightCopies = Multiply::kCopies;
   // The weights (big, then small for 3xTF32), then the bias in fp32 as C fragments: float4 (nt * 4 + t) holds
   // b[8 nt + 2t], b[8 nt + 2t + 1] twice (rows g and g + 8), the C operand of an n-tile's first MMA.
   static constexpr int kBiasQuads = Geometry::kCout / 2;
-  static constexpr int kSmemBytes = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
+  // After them, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  static constexpr int kScratchOffset = kWeightCopies * kWeightWords * 4 + kBiasQuads * 16;
+  static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   // Live across a k-step: the accumulators (twice for 3xTF32), the k-step's B fragments, one A (3xTF32, and the
   // first k-step, whose MMAs go n-tile by n-tile: every A, 3xTF32 big and small; the first k-step also one bias
   // fragment).
@@ -54,9 +57,15 @@ struct MmaSyncMainloop {
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
   // (docs/perf-notes.md, "Producer and loads").
+  // Tf32OnF16 first finds the weights' scale (the bias is staged times it), and raises its scratch flag where a weight
+  // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
-    Elem* const wdst = reinterpret_cast<Elem*>(smem);
+    MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
+    uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
+    const float scale = Precision::template find_scale<kThreads>(
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+    bool inexact = false;
     for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
       const int h = i % kPerWord, word = i / kPerWord;
       const int e = word & 3, lane = (word >> 2) & 31;
@@ -66,10 +75,17 @@ struct MmaSyncMainloop {
       const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
                      Geometry::kMmaK / 2 * (e & 1) + h;
       const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
-      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, v);
+      inexact |= Precision::inexact(v, scale);
+      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
-    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x) bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);
+    for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
+      bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);
+    if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
+    if (inexact) atomicOr(flags + 1, 1u);
+  }
+  __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
+    return reinterpret_cast<const uint32_t*>(smem + kScratchOffset);
   }
 
   // C fragment: lane (g, t) holds c0, c1 = C[g][2t, 2t+1] and c2, c3 = C[g+8][2t, 2t+1] of each n8 tile (rows are
@@ -144,7 +160,8 @@ struct MmaSyncMainloop {
         const float4 bias = kFirst ? bias_fragment(nt, lane) : float4{};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          Multiply::template mma_sync_tile<Elem, kFirst>(acc[mt][nt], small[mt][nt], a[mt], as[mt], bw[nt], bs[nt], bias);
+          Multiply::template mma_sync_tile<MmaElem, kFirst>(acc[mt][nt], small[mt][nt], a[mt], as[mt], bw[nt], bs[nt],
+                                                           bias);
         }
       }
     } else {
@@ -153,7 +170,7 @@ struct MmaSyncMainloop {
         uint32_t a[4];
         ldmatrix_x4(a, a_addr + mt * 16 * 16);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<Elem>{});
+        for (int nt = 0; nt < kNTiles; ++nt) mma_sync(acc[mt][nt], a, bw[nt][0], bw[nt][1], Operand<MmaElem>{});
       }
     }
   }

@@ -52,6 +52,7 @@ struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(Multiply::kCopies == Geometry::kCopies, "wgmma reads every part of an operand from shared memory");
   static constexpr int kNBlocks = Geometry::kTileCols / 8;  // n8 blocks of the accumulator
@@ -77,9 +78,11 @@ struct WgmmaMainloop {
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
   // (8 KB) from its start, which then stays inside the CTA's shared memory (after the weights it ran past the end).
   static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
-  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(Elem),
+  static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(MmaElem),
                 "a dense ones tile's room");
-  static constexpr int kSmemBytes = Multiply::kCopies * kWeightBytes + kOnesBytes;
+  // After the weights, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  static constexpr int kScratchOffset = Multiply::kCopies * kWeightBytes + kOnesBytes;
+  static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   static constexpr int kRegisters = Multiply::kCopies * kNBlocks * 4;
 
   const uint64_t weights;  // descriptor of k-step 0
@@ -102,16 +105,26 @@ struct WgmmaMainloop {
       : weights(wgmma_desc(smem + kOnesBytes, kAKBytes, 128)) {
     if constexpr (!kBiasByMma) {
       const int warp = ctid >> 5, g = (ctid & 31) >> 2;
-      bias_lo = convert<float>(b[warp * 16 + g]);
-      bias_hi = convert<float>(b[warp * 16 + g + 8]);
+      const float scale = Precision::scale_of(scratch(smem));
+      bias_lo = Precision::scale(convert<float>(b[warp * 16 + g]), scale);
+      bias_hi = Precision::scale(convert<float>(b[warp * 16 + g + 8]), scale);
     }
+  }
+  __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
+    return reinterpret_cast<const uint32_t*>(smem + kScratchOffset);
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
+  // Tf32OnF16 first finds the weights' scale, and raises its scratch flag where a weight or the bias does not carry
+  // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
-    Elem* const a = reinterpret_cast<Elem*>(smem + kOnesBytes);
+    MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
+    uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
+    const float scale = Precision::template find_scale<kThreads>(
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+    bool inexact = false;
     stage_batched<kThreads, Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK>(
         [&](int i) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
@@ -121,17 +134,20 @@ struct WgmmaMainloop {
         [&](int i, Elem v) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
           const int kk = i % Geometry::kMmaK;
-          const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(Elem) +
+          const int at = (ks * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) / (int)sizeof(MmaElem) +
                          kk % kGC;
-          Multiply::template store_weight<Precision>(a, at, kWeightBytes / (int)sizeof(Elem), v);
+          inexact |= Precision::inexact(v, scale);
+          Multiply::template store_weight<Precision>(a, at, kWeightBytes / (int)sizeof(MmaElem), Precision::scale(v, scale));
         });
+    if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
+    if (inexact) atomicOr(flags + 1, 1u);
     if constexpr (kBiasByMma) {
       stage_batched<kThreads, Geometry::kCout * Geometry::kMmaK>(
           [&](int i) { return b[i / Geometry::kMmaK]; },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-            Elem v = convert<Elem>(0.f);
-            if constexpr (sizeof(Elem) == 4) {
+            MmaElem v = convert<MmaElem>(0.f);
+            if constexpr (sizeof(MmaElem) == 4) {
               float part[3];
               split_tf32_bias(bias, part);
               v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
@@ -139,10 +155,10 @@ struct WgmmaMainloop {
               v = bias;
             }
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
-                  (int)sizeof(Elem) + kk % kGC] = v;
+                  (int)sizeof(MmaElem) + kk % kGC] = v;
           });
-      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(Elem); i += kThreads)
-        reinterpret_cast<Elem*>(smem)[i] = convert<Elem>(1.f);
+      for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(MmaElem); i += kThreads)
+        reinterpret_cast<MmaElem*>(smem)[i] = convert<MmaElem>(1.f);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -175,17 +191,18 @@ struct WgmmaMainloop {
       const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
       // The precision's products (the small parts kWeightBytes and kCopyBytes after the big ones).
       if (ks == 0) {
-        Multiply::template wgmma_k_step<Elem, true>(acc, acc_small, a, b, kWeightBytes >> 4, Geometry::kCopyBytes >> 4);
+        Multiply::template wgmma_k_step<MmaElem, true>(acc, acc_small, a, b, kWeightBytes >> 4,
+                                                       Geometry::kCopyBytes >> 4);
       } else {
-        Multiply::template wgmma_k_step<Elem, false>(acc, acc_small, a, b, kWeightBytes >> 4,
-                                                     Geometry::kCopyBytes >> 4);
+        Multiply::template wgmma_k_step<MmaElem, false>(acc, acc_small, a, b, kWeightBytes >> 4,
+                                                        Geometry::kCopyBytes >> 4);
       }
     }
     if constexpr (kBiasByMma) {
       // The ones' descriptor from the weights': kOnesBytes before them, both strides kOnesStride instead of kAKBytes
       // and 128.
       constexpr uint64_t kOnes = weights_to(-kOnesBytes, kOnesStride, kOnesStride);
-      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});
+      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<MmaElem>{});
     }
     wgmma_commit();
   }

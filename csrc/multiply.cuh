@@ -17,23 +17,35 @@ __device__ __forceinline__ void pin(float (&acc)[kN][4]) {
 }
 
 // One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16).
-struct OneProduct {
+// wgmma, kBiasByMma_: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one
+// more MMA (OneProduct); else they start from the bias, by moves, and every k-step accumulates (OneProductFromBias:
+// Tf32OnF16, whose bias times 2^s is an fp32 value that fp16 operands do not hold).
+template <bool kBiasByMma_>
+struct OneProductOf {
   static constexpr int kCopies = 1;  // a stored operand is one value
-  // wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one more MMA.
-  static constexpr bool kBiasByMma = true;
+  static constexpr bool kBiasByMma = kBiasByMma_;
   // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
   // -0.5%; docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kIssuesBeforeNewest = true;
-  template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int, E v) {
+  template <class Tag, class O, class E>
+  __device__ static void store_weight(O* dst, int at, int, E v) {
     dst[at] = Tag::to_tensor_core(v);
   }
+  // Without the bias MMA: the accumulators from the bias (rows g, g + 8 of the warp's 16 channels).
   template <int kN, class Small>
-  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
-  // The k-step's MMA: D = A * B at the first k-step, D += A * B after it.
+  __device__ static void wgmma_begin(float (&acc)[kN][4], Small&, float bias_lo, float bias_hi) {
+    if constexpr (!kBiasByMma) {
+#pragma unroll
+      for (int j = 0; j < kN; ++j) {
+        acc[j][0] = acc[j][1] = bias_lo;
+        acc[j][2] = acc[j][3] = bias_hi;
+      }
+    }
+  }
+  // The k-step's MMA: D = A * B at the first k-step (with the bias MMA), D += A * B otherwise.
   template <class Elem, bool kFirst, int kN, class Small>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
-    if constexpr (kFirst) {
+    if constexpr (kFirst && kBiasByMma) {
       wgmma_async<false>(acc, a, b, Operand<Elem>{});
     } else {
       wgmma_async(acc, a, b, Operand<Elem>{});
@@ -56,6 +68,8 @@ struct OneProduct {
   template <int kN>
   using WgmmaSmall = float[1][4];  // no small products
 };
+using OneProduct = OneProductOf<true>;
+using OneProductFromBias = OneProductOf<false>;
 
 // 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
@@ -69,7 +83,7 @@ struct ThreeProducts {
   // docs/perf-notes.md, "3xTF32").
   static constexpr bool kIssuesBeforeNewest = false;
   template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {
+  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
     float big, small;
     Tag::split_weight(v, big, small);
     dst[at] = big;

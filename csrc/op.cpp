@@ -181,10 +181,12 @@ void clear_device_emulation() {
   emulating.store(false, std::memory_order_release);
 }
 
-// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise).
+// What a call runs: the backend, and for a fused one the kernel (its index in FUSED_KERNELS; -1 otherwise) and, for a
+// guarded kernel, its guard (else -1).
 struct Choice {
   int64_t backend;
   int kernel;
+  int guard = -1;
 };
 
 // The decision table of backend "auto" on CUDA (docs/design.md, "The backend decision table"); a forced backend is
@@ -195,8 +197,12 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
   if (requested == kb25::kBackendCudnnEpilogue) return {requested, -1};
   const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
   const int kernel = fused_kernel_for(x, weight, mma_sync);
+  const int guard = kernel >= 0 ? choose_guard_kernel(kernel, device_profile(x.get_device())) : -1;
+  TORCH_CHECK(kernel < 0 || !kb25::kFusedKernelGuarded[kernel] || guard >= 0,
+              "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
+                  profile_str(device_profile(x.get_device())));
   if (requested == kb25::kBackendAuto) {
-    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel} : Choice{kb25::kBackendCudnnEpilogue, -1};
+    return kernel >= 0 ? Choice{kb25::kBackendFused, kernel, guard} : Choice{kb25::kBackendCudnnEpilogue, -1};
   }
   TORCH_CHECK_VALUE(kernel >= 0,
                     "ModelNew backend '" + std::string(kb25::kBackendNames[requested]) + "' needs a 4-D input and a " +
@@ -207,7 +213,7 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
                         shape_str(weight.sizes()) + ", TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed") + ", on " +
                         profile_str(device_profile(x.get_device())));
-  return {requested, kernel};
+  return {requested, kernel, guard};
 }
 
 int64_t resolve_backend(const at::Tensor& x, const at::Tensor& weight, int64_t requested) {
@@ -221,9 +227,12 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
-// two come back undefined (nothing allocated: the inference call's host time).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
-                                                                       const at::Tensor& bias, int kernel, bool save) {
+// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
+// operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
+// after it in the same stream, recomputes them (with none listed it returns at once; -1: not launched, for the
+// tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int kernel, int guard_kernel, bool save) {
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
@@ -231,12 +240,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at:
   at::Tensor out = at::empty(sizes, xc.options());
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
-  const cudaError_t err = launch_fused_conv3x3_min_tanh2(
-      kernel, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
-      save ? pre_min.data_ptr<float>() : nullptr, N, (int)H, (int)W,
-      current_sm_count(), current_stream());
-  TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel did not launch: " + std::string(cudaGetErrorString(err)));
-  return {out, argmin, pre_min};
+  const bool guarded = kb25::kFusedKernelGuarded[kernel];
+  at::Tensor guard = guarded ? at::zeros({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  const auto launch = [&](int k) {
+    const cudaError_t err = launch_fused_conv3x3_min_tanh2(
+        k, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
+        save ? pre_min.data_ptr<float>() : nullptr, guarded ? guard.data_ptr<int>() : nullptr, N, (int)H, (int)W,
+        current_sm_count(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the fused kernel " + std::string(kb25::kFusedKernelNames[k]) +
+                                        " did not launch: " + std::string(cudaGetErrorString(err)));
+  };
+  launch(kernel);
+  if (guarded && guard_kernel >= 0) launch(guard_kernel);
+  return {out, argmin, pre_min, guard};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2(const at::Tensor& x, const at::Tensor& weight,
+                                                                       const at::Tensor& bias, const Choice& choice,
+                                                                       bool save) {
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, choice.kernel, choice.guard, save);
+  return {std::get<0>(result), std::get<1>(result), std::get<2>(result)};
 }
 
 // cuDNN's conv through ATen (every torch.backends.cudnn setting applies), then one kernel: min over dim 1 (channels
@@ -264,8 +287,11 @@ bool fused_kernel_launches(int64_t kernel) {
 }
 
 // One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
-// precision and launch on this GPU itself (whatever is emulated).
-at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+// precision and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
+// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
+                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
   check_input(x, weight, bias);
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
@@ -281,7 +307,13 @@ at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const
   TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
                     "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
                         " bytes of shared memory per block and its MMA; got " + profile_str(real));
-  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, (int)kernel, false));
+  const int guard_kernel = with_guard ? choose_guard_kernel((int)kernel, real) : -1;
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, guard_kernel, false);
+  return {std::get<0>(result), std::get<3>(result)};
+}
+
+at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
+  return std::get<0>(run_fused_kernel_guarded(x, weight, bias, kernel, true));
 }
 
 // The CUDA kernel of the op kb25::conv_min_tanh2; ModelNew also calls it directly in eager mode.
@@ -291,7 +323,7 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   const c10::cuda::CUDAGuard guard(x.device());
   const Choice choice = choose(x, weight, backend);
   if (choice.kernel < 0) return std::get<0>(cudnn_conv_then_epilogue(x, weight, bias, false));
-  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, false));
+  return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
@@ -312,7 +344,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_with_argmin(const 
   const Choice choice = choose(x, weight, backend);
   const bool save = saves_argmin(x, weight);
   auto result = choice.kernel < 0 ? cudnn_conv_then_epilogue(x, weight, bias, save)
-                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice.kernel, save);
+                                  : fused_conv3x3_min_tanh2(x, weight, bias, choice, save);
   if (!save) {  // an op returns defined tensors: empty ones say "nothing saved"
     std::get<1>(result) = at::empty({0}, x.options().dtype(at::kByte));
     std::get<2>(result) = at::empty({0}, x.options().dtype(at::kFloat));

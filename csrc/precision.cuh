@@ -6,6 +6,25 @@
 
 namespace kb25 {
 
+// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
+// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
+// (GuardList, Tf32RoundNearest only).
+struct UnscaledOperands {
+  static constexpr bool kGuardsRange = false;
+  static constexpr bool kRecomputesListed = false;
+  static constexpr int kScratchBytes = 0;
+  template <int kThreads, class E>
+  __device__ static float find_scale(const E* __restrict__, int, uint32_t*) { return 1.f; }
+  __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
+  template <class E>
+  __device__ static E scale(E v, float) { return v; }
+  template <class E>
+  __device__ static bool inexact(E, float) { return false; }
+  template <class E>
+  __device__ static bool inexact_bias(E, float) { return false; }
+  __device__ static float unscale(float m, float) { return m; }
+};
+
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
 // tag on the same kernel). A tag owns its conversions and picks its multiply (multiply.cuh): to_tensor_core(v) is what
 // the multipliers get for any weight or input value; to_slot(v, out) and to_registers(v, out) the faster ones for kN
@@ -14,10 +33,13 @@ namespace kb25 {
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
 // (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
-struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;
+struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
+  using Elem = float;     // x, the weights, the bias, the output
+  using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
+  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
+  static constexpr bool kRecomputesListed = true;
   // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
   static constexpr bool kTanhApprox = false;
   __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
@@ -31,8 +53,9 @@ struct Tf32RoundNearest {  // the reference's TF32 conv: both operands rounded t
     round_to_tf32_words<false>(v, out);
   }
 };
-struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
+struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
+  using MmaElem = float;
   static constexpr int kMmaK = 8;
   using Multiply = ThreeProducts;
   static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference
@@ -51,9 +74,10 @@ struct Tf32x3 {  // strict fp32: v = big + small, both TF32; big*big + big*small
 // half. Rounding is monotonic, so the min of rounded values is the rounded min, which the output's one rounding then
 // leaves as it is (the reference rounds its conv output to the element type before its min, too).
 template <class Elem_>
-struct Native16 {
+struct Native16 : UnscaledOperands {
   static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
   using Elem = Elem_;
+  using MmaElem = Elem_;
   static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
@@ -71,6 +95,77 @@ struct Native16 {
     if constexpr (kHasFused && !kBf16) asm("min.NaN.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
     return r;
   }
+};
+
+// TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
+// 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
+// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
+// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
+// (s puts the CTA's largest |w| in [2^15, 2^16)), so that they are fp16 values exactly too; every sum is then 2^s
+// times the TF32 one, exactly. The accumulators start from the bias times 2^s, and the epilogue multiplies each
+// pixel's min by 2^-s (unscale): the order of the channels, and so the argmin, does not change.
+// The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
+// goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
+// image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
+// listed images; with none listed it returns at once.
+// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
+// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
+struct Tf32OnF16 {
+  using Elem = float;
+  using MmaElem = __half;
+  static constexpr int kMmaK = 16;
+  using Multiply = OneProductFromBias;
+  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
+  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  static constexpr bool kGuardsRange = true;
+  static constexpr bool kRecomputesListed = false;
+  // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
+  static constexpr int kScratchBytes = 16;
+  // A (scaled) weight as the tensor cores get it.
+  __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
+  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused) {
+      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
+    }
+    return r;
+  }
+  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
+  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
+  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
+  static constexpr uint32_t kOutOfRange = 0x80008000u;
+  // All of the CTA's threads: the largest |tf32(w)| over `count` weights into scratch[0], scratch[1] cleared (the
+  // flag inexact() weights and biases raise), then 2^s.
+  template <int kThreads>
+  __device__ static float find_scale(const float* __restrict__ w, int count, uint32_t* scratch) {
+    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
+    atomicMax(scratch, m);
+    __syncthreads();
+    return scale_of(scratch);
+  }
+  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)|, kept within [-126, 126] (2^s and 2^-s normal
+  // floats): the scale (sign 1) or its inverse (-1).
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
+    int s = 15 - ((int)(scratch[0] >> 23) - 127);
+    s = s < -126 ? -126 : s > 126 ? 126 : s;
+    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+  }
+  __device__ static float scale(float v, float scale) { return v * scale; }
+  // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
+  // TF32 and scaled. Either lists every image.
+  // (inverse: 2^-s, exact).
+  __device__ static bool inexact(float v, float scale) {
+    const float scaled = round_to_tf32(v) * scale;
+    return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
+  }
+  __device__ static bool inexact_bias(float v, float scale) { return !((v * scale) * __frcp_rn(scale) == v); }
+  // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
+  __device__ static float unscale(float m, float inverse) { return m * inverse; }
 };
 
 }  // namespace kb25

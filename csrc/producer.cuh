@@ -21,9 +21,13 @@ namespace kb25 {
 template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::Elem;
+  using Precision = typename Geometry::Precision;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
-  // Elements per 16 bytes: the channels of one slot column, the columns of one item's channel.
-  static constexpr int kVec = Geometry::kGroupChannels;
+  // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as
+  // many, except where fp32 x goes into fp16 slots, kNarrows: 4 columns x 8 channels an item).
+  static constexpr int kVec = 16 / (int)sizeof(Elem);
+  static constexpr int kChannels = Geometry::kGroupChannels;
+  static constexpr bool kNarrows = sizeof(Elem) > sizeof(typename Geometry::MmaElem);
   static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
   static constexpr int kItems = Geometry::kGroups * kChunks;
   // The last chunk of each group (its columns reach only the tile's last kKsize - 1 pixels, which exist only where
@@ -33,14 +37,14 @@ struct RowProducer {
   static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = kMine * kVec * 4;  // one row in flight
+  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
   static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
   static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
                 "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
-    uint4 raw[kMine][kVec];  // [item][channel]: kVec columns
+    uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
   };
   const int64_t plane;
   const int W, tid;
@@ -63,23 +67,24 @@ struct RowProducer {
   }
   // Row y of the image from col0, in the first channel of group grp.
   __device__ const Bits* group_row(const Elem* __restrict__ x_img, int y, int col0, int grp) const {
-    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kVec * plane;
+    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kChannels * plane;
   }
-  // Item `item`'s kVec channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
+  // Item `item`'s kChannels channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
   // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
   // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
   // are never stored.
-  __device__ void load_item(uint4 (&raw)[kVec], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+  __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
     int grp, chunk;
     place(item, grp, chunk);
     const int col = kVec * chunk;
     const Bits* src = group_row(x_img, y, col0, grp) + col;
     if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
 #pragma unroll
-    for (int c = 0; c < kVec; ++c, src += plane) raw[c] = load_streaming(src);
+    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
-  // Into the slot layout: transpose the kVec channel vectors, convert, write 16-byte columns.
-  __device__ void store_item(const uint4 (&raw)[kVec], int item, unsigned char* slot) const {
+  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns, where x
+  // narrows, the OR of Precision::out_of_range over what it stored (0 otherwise).
+  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot) const {
     int grp, chunk;
     place(item, grp, chunk);
     unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
@@ -111,9 +116,9 @@ struct RowProducer {
       // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
       // compile to selects; a pick by a runtime index compiles to branches).
       const int r = (chunk >> 1) & 3;
-      uint32_t w[kVec][4];
+      uint32_t w[kChannels][4];
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) {
+      for (int c = 0; c < kChannels; ++c) {
         const bool half = r & 2, one = r & 1;
         const uint32_t h0 = half ? raw[c].z : raw[c].x, h1 = half ? raw[c].w : raw[c].y;
         const uint32_t h2 = half ? raw[c].x : raw[c].z, h3 = half ? raw[c].y : raw[c].w;
@@ -122,10 +127,27 @@ struct RowProducer {
         w[c][2] = one ? h3 : h2;
         w[c][3] = one ? h0 : h3;
       }
+      if constexpr (kNarrows) {
+        // Column (jj + r) & 3's 8 channels, two to a word (Precision::narrow2: rounded to TF32, as fp16).
+        uint32_t range = 0;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
+        for (int jj = 0; jj < 4; ++jj) {
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            q[k] = Precision::narrow2(w[2 * k][jj], w[2 * k + 1][jj]);
+            range |= Precision::out_of_range(q[k]);
+          }
+          *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(q[0], q[1], q[2], q[3]);
+        }
+        return range;
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
+      }
     }
+    return 0;
   }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
@@ -140,29 +162,36 @@ struct RowProducer {
   __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
   // The body, then this thread's late item if the row reaches it. Where the tag's fast conversion needs NaN-free
   // words, an item with a NaN in it has its NaNs made quiet first (each item on its own: a store waits only for its
-  // own item's loads).
-  __device__ void store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+  // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
+  // (Precision::kGuardsRange; false otherwise).
+  __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+    uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
-      if (mine(k)) store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
+      if (mine(k)) range |= store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      uint4 raw[kVec];
+      uint4 raw[kChannels];
       load_item(raw, kBody + tid, x_img, y, col0);
-      store_item(quieted(raw), kBody + tid, slot);
+      range |= store_item(quieted(raw), kBody + tid, slot);
     }
+    return out_of_range(range);
+  }
+  __device__ static bool out_of_range(uint32_t range) {
+    if constexpr (kNarrows) return (range & Precision::kOutOfRange) != 0;
+    return false;
   }
   // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
   // elements): a NaN that the fast TF32 rounding keeps a NaN (the canonical one, every payload bit set, would carry
   // out). One compare for two words; the rare item with a NaN takes a select a word.
-  __device__ static const uint4 (&quieted(uint4 (&raw)[kVec]))[kVec] {
+  __device__ static const uint4 (&quieted(uint4 (&raw)[kChannels]))[kChannels] {
     if constexpr (sizeof(Elem) == 4) {
       if constexpr (Geometry::Precision::kFastNeedsNoNaN) {
         bool nan = false;
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
+        for (int c = 0; c < kChannels; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
         if (nan) {
 #pragma unroll
-          for (int c = 0; c < kVec; ++c) {
+          for (int c = 0; c < kChannels; ++c) {
             raw[c].x = quiet_nan(raw[c].x), raw[c].y = quiet_nan(raw[c].y);
             raw[c].z = quiet_nan(raw[c].z), raw[c].w = quiet_nan(raw[c].w);
           }
@@ -172,7 +201,9 @@ struct RowProducer {
     return raw;
   }
   __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
-  __device__ void copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+  // Returns whether an input it stored is out of the slots' range, as store() does.
+  __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+    uint32_t range = 0;
 #pragma unroll 1
     for (int item = tid; item < kItems; item += kThreads) {
       int grp, chunk;
@@ -180,12 +211,16 @@ struct RowProducer {
       const Bits* src = group_row(x_img, y, col0, grp);
       unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
 #pragma unroll 1
-      for (int c = 0; c < kVec; ++c, src += plane) {
+      for (int c = 0; c < kChannels; ++c, src += plane) {
 #pragma unroll
         for (int i0 = 0; i0 < kVec; ++i0) {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
-          if constexpr (sizeof(Elem) == 4) {
+          if constexpr (kNarrows) {
+            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            range |= Precision::out_of_range(h);
+            *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
+          } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
           } else {
@@ -194,6 +229,7 @@ struct RowProducer {
         }
       }
     }
+    return out_of_range(range);
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
   // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the

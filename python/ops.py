@@ -13,6 +13,7 @@ CUDA_SOURCE = CPP_SOURCE = ""  # bundled away
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
+                       "run_fused_kernel_guarded",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -372,8 +373,19 @@ def fused_kernel_launches(name):
 
 
 def run_fused_kernel(x, weight, bias, name):
-    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU."""
+    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU. A
+    guarded kernel (TF32 on fp16 operands) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
+
+
+def run_guarded_kernel(x, weight, bias, name, with_guard):
+    """A guarded fused kernel (tests): (its output, with its guard or alone; the images it listed for the guard, in
+    the order it listed them)."""
+    guarded = [k.name for k in FUSED_TABLE if k.tag in GUARDED_TAGS]
+    if name not in guarded:
+        raise ValueError(f"expected a guarded kernel ({', '.join(guarded)}), got {name!r}")
+    out, guard = _ext.run_fused_kernel_guarded(x, weight, bias, _fused_code(name), with_guard)
+    return out, guard[1:1 + int(guard[0])]
 
 
 _emulation_stack = []

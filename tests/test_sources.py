@@ -42,7 +42,7 @@ def test_bundle_check_names_what_is_stale(tmp_path, edit, stale):
     target = tmp_path / path
     if text is None:  # one row of the instantiation table changed: its ring grows by a slot
         source = target.read_text()
-        row = 'FusedKernel("sm90_tf32", "wgmma", "tf32", 256, 2, 4, 5,'
+        row = 'FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", 256, 2, 4, 5,'
         assert source.count(row) == 1
         target.write_text(source.replace(row, row.replace("4, 5,", "4, 6,")))
     else:
@@ -82,7 +82,7 @@ def test_results_describe_the_machine_code_of_this_tree(tmp_path):
     run = subprocess.run([nvcc, "-cubin", *machine_code.build_flags(module, recorded["arch"]),
                           str(ROOT / "csrc" / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
-    table = [(row, module.PRECISION_TAGS[row.precision]) for row in module.FUSED_TABLE]
+    table = machine_code.tag_table(module)
     current = {"kernels": machine_code.digests_of_cubin(out.read_bytes(), table)}
     assert machine_code.differences(recorded, current) == []
 

@@ -121,11 +121,16 @@ def cubin_of(source_text, flags, nvcc="nvcc"):
             return f.read()
 
 
+def tag_table(module):
+    """[(FUSED_TABLE row, its precision tag)] of a model_new module (an older one keys PRECISION_TAGS by precision)."""
+    return [(row, row.tag if hasattr(row, "tag") else module.PRECISION_TAGS[row.precision]) for row in module.FUSED_TABLE]
+
+
 def digests(source_path=os.path.join(HERE, "model_new.py"), arch=DEFAULT_ARCH, nvcc="nvcc"):
     """{"arch", "nvcc", "kernels": {mangled name: digest}} of the model_new.py at source_path."""
     module = load_module(source_path)
     cubin = cubin_of(module.cuda_source(), build_flags(module, arch), nvcc)
-    table = [(row, module.PRECISION_TAGS[row.precision]) for row in module.FUSED_TABLE]
+    table = tag_table(module)
     return {"arch": arch, "nvcc": nvcc_version(nvcc), "kernels": digests_of_cubin(cubin, table)}
 
 
@@ -140,7 +145,7 @@ def device_arch():
 def of_extension(module, arch=DEFAULT_ARCH):
     """The digests of the extension `module` (an imported model_new) has built and loaded: its cubin for `arch`,
     taken out of the library by cuobjdump; where cuobjdump is missing, nvcc's build of the module's CUDA source."""
-    table = [(row, module.PRECISION_TAGS[row.precision]) for row in module.FUSED_TABLE]
+    table = tag_table(module)
     lib = os.path.abspath(module._ext.__file__)
     try:
         version = nvcc_version()

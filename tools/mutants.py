@@ -34,6 +34,34 @@ def node(test, key=None, shape=None):
 
 # name -> (original text, mutated text, tests that must fail)
 MUTANTS = {
+    # TF32 on fp16 operands: no input is ever out of range, so nothing goes to the guard
+    "carrier_guard_disabled": (
+        "__device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }",
+        "__device__ static uint32_t out_of_range(uint32_t w) { return 0u * w; }",
+        ["test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm90_tf32_f16]",
+         "test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm80_tf32_f16]"],
+    ),
+    # the weights' scale stays in the output
+    "carrier_scale_not_undone": (
+        "__device__ static float unscale(float m, float inverse) { return m * inverse; }",
+        "__device__ static float unscale(float m, float inverse) { return m; }",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_tf32_f16-tiny]",
+         "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-rand]"],
+    ),
+    # inputs rounded to nearest even instead of ties away
+    "carrier_rounds_to_even": (
+        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));',
+        'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));',
+        ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-ties]",
+         "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-ties]"],
+    ),
+    # inputs below fp16's normal range flushed to zero
+    "carrier_flushes_subnormals": (
+        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));',
+        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(fabsf(__uint_as_float(hi)) < 6.1035156e-5f ? 0.f : __uint_as_float(hi + 0x1000u)), "f"(fabsf(__uint_as_float(lo)) < 6.1035156e-5f ? 0.f : __uint_as_float(lo + 0x1000u)));',
+        ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-subnormal]",
+         "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-subnormal]"],
+    ),
     # fminf drops NaN: min(NaN, x) = x
     "min_drops_nan": (
         'asm("min.NaN.f32 %0, %1, %2;\\n" : "=f"(r) : "f"(a), "f"(b));',
@@ -74,8 +102,8 @@ MUTANTS = {
     # rows with a NaN take the fast rounding too: a NaN with every bit set carries out to a zero, one with its payload
     # only in the low bits reads as infinity
     "nan_rows_take_the_fast_rounding": (
-        "for (int c = 0; c < kVec; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);",
-        "for (int c = 0; c < kVec; ++c) nan |= false;",
+        "for (int c = 0; c < kChannels; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);",
+        "for (int c = 0; c < kChannels; ++c) nan |= false;",
         [node("test_nan_and_inf_inputs", "kernel-sm80_tf32", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
@@ -171,9 +199,9 @@ MUTANTS = {
     ),
     # the element-by-element loads (W not a multiple of the vector width) read one channel for all of a group's
     "element_loads_miss_the_channel_stride": (
-        """      for (int c = 0; c < kVec; ++c, src += plane) {
+        """      for (int c = 0; c < kChannels; ++c, src += plane) {
 #pragma unroll""",
-        """      for (int c = 0; c < kVec; ++c) {
+        """      for (int c = 0; c < kChannels; ++c) {
 #pragma unroll""",
         [node("test_edge_shapes", "fused-tf32", "2x16x67x67"), node("test_edge_shapes", "fused-bf16", "2x16x67x67")],
     ),
@@ -187,14 +215,14 @@ MUTANTS = {
     ),
     # self-fed consumers store the next row over the window's middle row, which the step's later taps still read
     "self_fed_row_over_the_window": (
-        "      producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0);",
-        "      producer.store(next, slot(rows + 1), x_img, min(at.oy + kK, H - 1), col0);",
+        "      stored(producer.store(next, slot(rows), x_img, min(at.oy + kK, H - 1), col0), at);",
+        "      stored(producer.store(next, slot(rows + 1), x_img, min(at.oy + kK, H - 1), col0), at);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"), "test_other_precisions_full_size[strict_fp32]"],
     ),
     # self-fed consumers, element path (W not a multiple of the vector width): the step's new row is the one before
     "self_fed_element_path_takes_the_wrong_row": (
-        "      producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows));",
-        "      producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows));",
+        "      stored(producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows)), at);",
+        "      stored(producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows)), at);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x301x19"),
          node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19"),
          node("test_edge_shapes", "kernel-sm80_tf32", "64x16x20x19")],
@@ -284,7 +312,7 @@ MUTANTS = {
     ),
     # wgmma 16-bit: the bias k-step never issued (no bias in any channel)
     "wgmma_bias_step_dropped": (
-        "      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<Elem>{});\n",
+        "      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<MmaElem>{});\n",
         "",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
@@ -342,8 +370,8 @@ MUTANTS = {
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
-        "bdst[i] = convert<float>(b[i / 4 * 2 + (i & 1)]);",
-        "bdst[i] = convert<float>(b[i / 4 * 2]);",
+        "bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);",
+        "bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2]), scale);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product

@@ -159,12 +159,15 @@ def render_speed_of_light(result):
         _, _, new = _times(result, precision)
         elem = ELEMENT_BYTES[precision]
         traffic = (n * c * h * w + n * oh * ow + weights) * elem
-        if precision == "tf32":  # bench.py records the MMA kind; FUSED_TABLE has one TF32 wgmma kernel
-            kernel = "sm90_tf32" if _get(result, "fused_mma") == "wgmma" else _get(result, "fused_mma")
+        if precision == "tf32":
+            kernel = _get(result, "fused_kernel")
         else:
             kernel = _get(result, "modes", precision, "fused_kernel")
         achieved = _ratio(flop / 1e12, new * 1e-3) if new else None
         rate, rate_name = rates.get(precision, (None, None))
+        if precision == "tf32" and kernel and kernel.endswith("_f16"):  # TF32 products on the fp16 tensor cores
+            rate, rate_name = rates.get("fp16", (None, None))
+            rate_name = rate_name and f"fp16 operands: {rate_name.split(';')[0]}"
         fraction = _ratio(achieved, rate)
         bandwidth = _ratio(traffic / 1e12, new * 1e-3) if new else None
         used = f"{bandwidth:.2f} TB/s" if bandwidth is not None else DASH

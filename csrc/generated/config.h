@@ -27,9 +27,13 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 10;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
-inline constexpr int kFusedKernelPrecision[] = {0, 1, 2, 3, 0, 0, 1, 1, 2, 3};
+inline constexpr int kFusedKernelCount = 12;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 0, 0, 0, 1, 1, 2, 3};
+// Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
+// zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
+inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, true, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -42,13 +46,16 @@ struct DeviceProfile {
 // The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
 // can launch (only mma.sync kernels if mma_sync_only), or -1.
 extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
+extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
 extern "C" int fused_kernel_smem_bytes(int kernel);
 // The caller has checked that its device launches `kernel` (fused_kernel_fits).
 // argmin (uint8) and pre_min (float32), one per output pixel, are written when both are given (else both null).
+// guard: a guarded kernel's and its guard's buffer (kFusedKernelGuarded); null: a guard computes every image.
 extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x, const void* w, const void* b,
-                                                      void* out, void* argmin, float* pre_min, int64_t N, int H,
-                                                      int W, int num_sms, cudaStream_t stream);
+                                                      void* out, void* argmin, float* pre_min, int* guard, int64_t N,
+                                                      int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):

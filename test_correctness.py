@@ -2212,7 +2212,7 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
             assert not torch.equal(torch.nan_to_num(raw[n]), torch.nan_to_num(full[n])), n
         else:
             assert torch.equal(raw[n], full[n]), n
-    assert full[2].isnan().any() and full[4].isnan().any()
+    assert full[4].isnan().any()  # the NaN input's pixels
 
 
 @needs_cuda

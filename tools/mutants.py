@@ -16,7 +16,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROJECT_FILES = ("model_new.py", "harness.py", "reference.py", "test_correctness.py")
+PROJECT_FILES = ("model_new.py", "harness.py", "reference.py", "test_correctness.py", "pyproject.toml")
+PROJECT_DIRS = ("tests", "tools")  # test_correctness.py collects tests/ and imports tools/machine_code.py
 
 
 
@@ -488,6 +489,8 @@ def run_mutant(name, workdir):
     os.makedirs(tree)
     for f in PROJECT_FILES:
         shutil.copy(os.path.join(HERE, f), tree)
+    for d in PROJECT_DIRS:
+        shutil.copytree(os.path.join(HERE, d), os.path.join(tree, d), ignore=shutil.ignore_patterns("__pycache__"))
     path = os.path.join(tree, "model_new.py")
     with open(path) as f:
         text = f.read()

@@ -116,11 +116,18 @@ int precision_of(const at::Tensor& x) {
   }
 }
 
-// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1.
-int fused_kernel_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
+// a guarded kernel its guard on the same GPU (else -1).
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
   const int precision = precision_of(x);
-  if (!fused_shape(x, weight) || precision < 0) return -1;
-  return choose_fused_kernel(precision, device_profile(x.get_device()), mma_sync_only);
+  if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
+  const kb25::DeviceProfile device = device_profile(x.get_device());
+  const int kernel = choose_fused_kernel(precision, device, mma_sync_only);
+  if (kernel < 0 || !kb25::kFusedKernelGuarded[kernel]) return {kernel, -1};
+  const int guard = choose_guard_kernel(kernel, device);
+  TORCH_CHECK(guard >= 0, "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
+                              profile_str(device));
+  return {kernel, guard};
 }
 
 }  // namespace
@@ -196,11 +203,7 @@ Choice choose(const at::Tensor& x, const at::Tensor& weight, int64_t requested) 
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(requested));
   if (requested == kb25::kBackendCudnnEpilogue) return {requested, -1};
   const bool mma_sync = requested == kb25::kBackendFusedMmaSync;
-  const int kernel = fused_kernel_for(x, weight, mma_sync);
-  const int guard = kernel >= 0 ? choose_guard_kernel(kernel, device_profile(x.get_device())) : -1;
-  TORCH_CHECK(kernel < 0 || !kb25::kFusedKernelGuarded[kernel] || guard >= 0,
-              "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
-                  profile_str(device_profile(x.get_device())));
+  const auto [kernel, guard] = fused_kernels_for(x, weight, mma_sync);
   if (requested == kb25::kBackendAuto) {
     return kernel >= 0 ? Choice{kb25::kBackendFused, kernel, guard} : Choice{kb25::kBackendCudnnEpilogue, -1};
   }

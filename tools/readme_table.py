@@ -14,6 +14,7 @@ A missing value prints as an em dash. Standard library only (no torch), so it ru
 tests/test_docs.py compares the README against.
 """
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -21,6 +22,14 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _operands():
+    """{FUSED_TABLE name: what its tensor cores multiply}, from python/constants.py."""
+    spec = importlib.util.spec_from_file_location("kb25_constants", ROOT / "python" / "constants.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {row.name: row.operand for row in module.FUSED_TABLE}
 BLOCKS = ("results-table", "speed-of-light")
 DASH = "—"
 WIDTH = 116  # prose lines of the generated blocks, as the README's own
@@ -165,9 +174,10 @@ def render_speed_of_light(result):
             kernel = _get(result, "modes", precision, "fused_kernel")
         achieved = _ratio(flop / 1e12, new * 1e-3) if new else None
         rate, rate_name = rates.get(precision, (None, None))
-        if precision == "tf32" and kernel and kernel.endswith("_f16"):  # TF32 products on the fp16 tensor cores
-            rate, rate_name = rates.get("fp16", (None, None))
-            rate_name = rate_name and f"fp16 operands: {rate_name.split(';')[0]}"
+        operand = _operands().get(kernel)
+        if precision == "tf32" and operand not in (None, "tf32"):  # the TF32 products on another type's tensor cores
+            rate, rate_name = rates.get(operand, (None, None))
+            rate_name = rate_name and f"{operand} operands: {rate_name.split(';')[0]}"
         fraction = _ratio(achieved, rate)
         bandwidth = _ratio(traffic / 1e12, new * 1e-3) if new else None
         used = f"{bandwidth:.2f} TB/s" if bandwidth is not None else DASH

@@ -66,8 +66,9 @@ CASES = cases()
 
 
 def case_model(case, seed=0):
-    """(reference, fn) for a case, both in its precision, on the GPU; fn(x) runs the case's path with grad off. Sets
-    torch.backends.cudnn.allow_tf32 for the precision (the caller restores it)."""
+    """(reference, fn) for a case, both in its precision, on the GPU; fn(x) runs the case's path with grad off (a
+    kernel that rounds a float32 x itself gets x in float32, exactly). Sets torch.backends.cudnn.allow_tf32 for the
+    precision (the caller restores it)."""
     import model_new
 
     precision = PRECISIONS[case.precision]
@@ -79,9 +80,12 @@ def case_model(case, seed=0):
             with torch.no_grad():
                 return new(x)
     else:
+        row = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(case.kernel)]
+        input_dtype = model_new.INPUT_DTYPES[row.input]
+
         def fn(x):
             with torch.no_grad():
-                return model_new.run_fused_kernel(x, new.conv.weight, new.conv.bias, case.kernel)
+                return model_new.run_fused_kernel(x.to(input_dtype), new.conv.weight, new.conv.bias, case.kernel)
     fn.model = new
     return ref, fn
 

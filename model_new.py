@@ -53,11 +53,17 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # The model's precisions: float32 with TF32 convs (PyTorch's default), float32 without them (strict), bf16, fp16;
 # code = position.
 PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
-# The CUDA source's precision tag of each (precision, operand) a kernel has: what the tensor cores multiply. TF32 on
-# fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one (Tf32RoundNearest) for inputs beyond fp16.
-PRECISION_TAGS = {("tf32", "fp16"): "Tf32OnF16", ("tf32", "tf32"): "Tf32RoundNearest",
-                  ("strict_fp32", "tf32"): "Tf32x3", ("bf16", "bf16"): "Native16<__nv_bfloat16>",
-                  ("fp16", "fp16"): "Native16<__half>"}
+# The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
+# and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
+# (Tf32RoundNearest) for inputs beyond fp16. The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
+# the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
+PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
+                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
+                  ("fp16", "fp16", "fp16"): "Native16<__half>",
+                  ("bf16", "bf16", "fp32"): "Native16FromF32<__nv_bfloat16>",
+                  ("fp16", "fp16", "fp32"): "Native16FromF32<__half>"}
+# The dtype each input name stands for.
+INPUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Guarded: the kernel lists the images it cannot compute exactly and the guard kernel recomputes them. Guards: the
 # kernels that can recompute listed images.
 GUARDED_TAGS = ("Tf32OnF16",)
@@ -67,7 +73,7 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision that
 # the GPU can launch).
 # mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); operand: what the tensor cores
-# multiply (PRECISION_TAGS); tile_cols: output pixels per
+# multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
 # warps that load the rows for them (0: each consumer loads its own, mma.sync only); write: how a consumer's steps
 # reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (16-bit wgmma: it stages
@@ -75,30 +81,35 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # the staged buffers a consumer cycles through (0 where mma.sync writes from registers). docs/design.md says why each
 # row is what it is.
 class FusedKernel(collections.namedtuple(
-        "FusedKernel", "name mma precision operand tile_cols consumers producer_warps ring write write_buffers")):
+        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
     def tag(self):
-        return PRECISION_TAGS[(self.precision, self.operand)]
+        return PRECISION_TAGS[(self.precision, self.operand, self.input)]
 
 
 FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
-    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", 256, 2, 4, 8, "inline", 2),
-    FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", 256, 2, 4, 5, "inline", 2),
-    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", 128, 2, 4, 4, "inline", 2),
-    FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
-    FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "inline", 2),
+    FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
+    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
+    FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
+    # Autocast's: float32 x, rounded to bf16 / fp16 by the producer (the same shared-memory layout).
+    FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
     # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
     # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
     # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
-    FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", 64, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", "fp32", 256, 1, 4, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 EXTENSION_NAME = "kb25_conv_min_tanh2"
@@ -162,13 +173,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 12;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 0, 0, 0, 1, 1, 2, 3};
+inline constexpr int kFusedKernelCount = 16;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+// x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, true, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, true, true, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, false, false, true, true, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -178,9 +191,9 @@ struct DeviceProfile {
 };
 }  // namespace kb25
 
-// The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
-// can launch (only mma.sync kernels if mma_sync_only), or -1.
-extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// The fused kernel to run (its index in FUSED_TABLE) for a precision and x's element type (kElem*) on such a GPU: the
+// first of the table that it can launch (only mma.sync kernels if mma_sync_only), or -1.
+extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only);
 // A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
 extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
@@ -1048,14 +1061,12 @@ __device__ __forceinline__ void pin(float (&acc)[kN][4]) {
     for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
 }
 
-// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16).
-// wgmma, kBiasByMma_: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one
-// more MMA (OneProduct); else they start from the bias, by moves, and every k-step accumulates (OneProductFromBias:
-// Tf32OnF16, whose bias times 2^s is an fp32 value that fp16 operands do not hold).
-template <bool kBiasByMma_>
-struct OneProductOf {
+// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16; TF32
+// on fp16 operands). wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by
+// one more MMA (the tag's bias_part and ones).
+struct OneProduct {
   static constexpr int kCopies = 1;  // a stored operand is one value
-  static constexpr bool kBiasByMma = kBiasByMma_;
+  static constexpr bool kBiasByMma = true;
   // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
   // -0.5%; docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kIssuesBeforeNewest = true;
@@ -1063,21 +1074,13 @@ struct OneProductOf {
   __device__ static void store_weight(O* dst, int at, int, E v) {
     dst[at] = Tag::to_tensor_core(v);
   }
-  // Without the bias MMA: the accumulators from the bias (rows g, g + 8 of the warp's 16 channels).
+  // The bias comes from its MMA: nothing to start from.
   template <int kN, class Small>
-  __device__ static void wgmma_begin(float (&acc)[kN][4], Small&, float bias_lo, float bias_hi) {
-    if constexpr (!kBiasByMma) {
-#pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        acc[j][0] = acc[j][1] = bias_lo;
-        acc[j][2] = acc[j][3] = bias_hi;
-      }
-    }
-  }
-  // The k-step's MMA: D = A * B at the first k-step (with the bias MMA), D += A * B otherwise.
+  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
+  // The k-step's MMA: D = A * B at the first k-step, D += A * B otherwise.
   template <class Elem, bool kFirst, int kN, class Small>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
-    if constexpr (kFirst && kBiasByMma) {
+    if constexpr (kFirst) {
       wgmma_async<false>(acc, a, b, Operand<Elem>{});
     } else {
       wgmma_async(acc, a, b, Operand<Elem>{});
@@ -1100,8 +1103,6 @@ struct OneProductOf {
   template <int kN>
   using WgmmaSmall = float[1][4];  // no small products
 };
-using OneProduct = OneProductOf<true>;
-using OneProductFromBias = OneProductOf<false>;
 
 // 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
@@ -1200,7 +1201,7 @@ struct UnscaledOperands {
   static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
   template <int kThreads, class E>
-  __device__ static float find_scale(const E* __restrict__, int, uint32_t*) { return 1.f; }
+  __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
   __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
   template <class E>
   __device__ static E scale(E v, float) { return v; }
@@ -1209,6 +1210,21 @@ struct UnscaledOperands {
   template <class E>
   __device__ static bool inexact_bias(E, float) { return false; }
   __device__ static float unscale(float m, float) { return m; }
+  // The wgmma bias k-step (WgmmaMainloop, kBiasByMma): A's k column kk of an output channel (bias_part) against B's
+  // k row kk (ones). TF32: the bias as three TF32 parts (split_tf32_bias) in columns 0..2; 16-bit: the bias in column
+  // 0. B is all ones.
+  template <class M, class E>
+  __device__ static M bias_part(E bias, float, int kk) {
+    if constexpr (sizeof(M) == 4) {
+      float part[3];
+      split_tf32_bias(bias, part);
+      return kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
+    } else {
+      return kk == 0 ? bias : convert<M>(0.f);
+    }
+  }
+  template <class M>
+  __device__ static M ones(int) { return convert<M>(1.f); }
 };
 
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
@@ -1220,7 +1236,8 @@ struct UnscaledOperands {
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
 // (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;     // x, the weights, the bias, the output
+  using Elem = float;     // the weights, the bias, the output
+  using XElem = float;    // x
   using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
@@ -1241,6 +1258,7 @@ struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both
 };
 struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
+  using XElem = float;
   using MmaElem = float;
   static constexpr int kMmaK = 8;
   using Multiply = ThreeProducts;
@@ -1263,6 +1281,7 @@ template <class Elem_>
 struct Native16 : UnscaledOperands {
   static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
   using Elem = Elem_;
+  using XElem = Elem_;
   using MmaElem = Elem_;
   static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kMmaK = 16;
@@ -1283,13 +1302,37 @@ struct Native16 : UnscaledOperands {
   }
 };
 
+// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
+// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
+// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
+template <class Elem_>
+struct Native16FromF32 : Native16<Elem_> {
+  using XElem = float;
+  static constexpr bool kFastNeedsNoNaN = false;
+  // Two input words into one word of two 16-bit values (lo in the low half).
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused && Native16<Elem_>::kBf16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    if constexpr (kHasFused && !Native16<Elem_>::kBf16) {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    return r;
+  }
+  // Every input has its 16-bit value: nothing is out of range.
+  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
+  static constexpr uint32_t kOutOfRange = 0;
+};
+
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
 // 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
 // reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
 // conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
-// (s puts the CTA's largest |w| in [2^15, 2^16)), so that they are fp16 values exactly too; every sum is then 2^s
-// times the TF32 one, exactly. The accumulators start from the bias times 2^s, and the epilogue multiplies each
-// pixel's min by 2^-s (unscale): the order of the channels, and so the argmin, does not change.
+// (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
+// sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
+// (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
+// (unscale): the order of the channels, and so the argmin, does not change.
 // The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
 // goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
 // image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
@@ -1298,9 +1341,10 @@ struct Native16 : UnscaledOperands {
 // its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
 struct Tf32OnF16 {
   using Elem = float;
+  using XElem = float;
   using MmaElem = __half;
   static constexpr int kMmaK = 16;
-  using Multiply = OneProductFromBias;
+  using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
   static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
   static constexpr bool kGuardsRange = true;
@@ -1322,14 +1366,16 @@ struct Tf32OnF16 {
   // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
   __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
   static constexpr uint32_t kOutOfRange = 0x80008000u;
-  // All of the CTA's threads: the largest |tf32(w)| over `count` weights into scratch[0], scratch[1] cleared (the
-  // flag inexact() weights and biases raise), then 2^s.
+  // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
+  // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
   template <int kThreads>
-  __device__ static float find_scale(const float* __restrict__ w, int count, uint32_t* scratch) {
+  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                                     uint32_t* scratch) {
     if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
     __syncthreads();
     uint32_t m = 0;
     for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
+    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
     atomicMax(scratch, m);
     __syncthreads();
     return scale_of(scratch);
@@ -1349,7 +1395,26 @@ struct Tf32OnF16 {
     const float scaled = round_to_tf32(v) * scale;
     return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
   }
-  __device__ static bool inexact_bias(float v, float scale) { return !((v * scale) * __frcp_rn(scale) == v); }
+  // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
+  // scaled magnitude is 0 or within [2^-12, 65504].
+  __device__ static bool inexact_bias(float v, float scale) {
+    const float scaled = v * scale;
+    const float sum = __half2float(bias_part<__half>(v, scale, 0)) +
+                      (__half2float(bias_part<__half>(v, scale, 1)) * 0x1p-11f +
+                       __half2float(bias_part<__half>(v, scale, 2)) * 0x1p-22f);
+    return !(scaled * __frcp_rn(scale) == v && sum == scaled);
+  }
+  // The wgmma bias k-step: the scaled bias as three fp16 values p0 + p1 * 2^-11 + p2 * 2^-22, split_tf32_bias's parts
+  // (11 significant bits each, the last at most 2) with the second and third scaled up so that they stay fp16 values;
+  // B's k rows 0..2 hold 1, 2^-11, 2^-22 (2^-22: an fp16 subnormal, exact). Each product is exact.
+  template <class M>
+  __device__ static __half bias_part(float bias, float scale, int kk) {
+    float part[3];
+    split_tf32_bias(bias * scale, part);
+    return __float2half_rn(kk == 0 ? part[0] : kk == 1 ? part[1] * 0x1p11f : kk == 2 ? part[2] * 0x1p22f : 0.f);
+  }
+  template <class M>
+  __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
   // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
   __device__ static float unscale(float m, float inverse) { return m * inverse; }
 };
@@ -1376,7 +1441,8 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;        // x, the weights, the bias, the output
+  using Elem = typename Precision::Elem;        // the weights, the bias, the output
+  using XElem = typename Precision::XElem;      // x: Elem, or float32 that the producer rounds to MmaElem
   using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;
@@ -1469,7 +1535,7 @@ struct MmaSyncMainloop {
     MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
-        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, b, Geometry::kCout, flags);
     bool inexact = false;
     for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
       const int h = i % kPerWord, word = i / kPerWord;
@@ -1839,7 +1905,7 @@ struct WgmmaMainloop {
     MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
-        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, b, Geometry::kCout, flags);
     bool inexact = false;
     stage_batched<kThreads, Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK>(
         [&](int i) {
@@ -1862,19 +1928,12 @@ struct WgmmaMainloop {
           [&](int i) { return b[i / Geometry::kMmaK]; },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-            MmaElem v = convert<MmaElem>(0.f);
-            if constexpr (sizeof(MmaElem) == 4) {
-              float part[3];
-              split_tf32_bias(bias, part);
-              v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
-            } else if (kk == 0) {
-              v = bias;
-            }
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
-                  (int)sizeof(MmaElem) + kk % kGC] = v;
+                  (int)sizeof(MmaElem) + kk % kGC] = Precision::template bias_part<MmaElem>(bias, scale, kk);
           });
+      // Every 16 bytes of B hold k rows 0..kGC - 1 of one column (the descriptor's core matrices overlap).
       for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(MmaElem); i += kThreads)
-        reinterpret_cast<MmaElem*>(smem)[i] = convert<MmaElem>(1.f);
+        reinterpret_cast<MmaElem*>(smem)[i] = Precision::template ones<MmaElem>(i % kGC);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }
@@ -2009,9 +2068,11 @@ struct WgmmaEpilogue {
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
-  // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
-  // 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the tensor cores").
-  static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
+  // bits each in the kernels whose bias comes from the MMAs and whose elements are the MMA's type: with bytes their
+  // saving variant needed more than its 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the
+  // tensor cores"); TF32 on fp16 operands is the other way round (8 bytes spilled with 4 bits).
+  static constexpr int kPer =
+      Mainloop::kBiasByMma && sizeof(typename Mainloop::Elem) == sizeof(typename Mainloop::MmaElem) ? 8 : 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
   static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;
@@ -2235,7 +2296,7 @@ namespace kb25 {
 // chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
 template <class Geometry, int kThreads>
 struct RowProducer {
-  using Elem = typename Geometry::Elem;
+  using Elem = typename Geometry::XElem;  // x's element type
   using Precision = typename Geometry::Precision;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
   // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as
@@ -2664,6 +2725,8 @@ using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Sc
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Native16<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
+using Sm90Bf16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
+using Sm90Fp16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf3299k = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -2671,10 +2734,12 @@ using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 128, 2, 0, 3, Schedule
 using Sm80Tf32x399k = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80Fp16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
 
 namespace kb25 {
 
@@ -2699,12 +2764,12 @@ struct Images {
 // writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
-                                             const typename Traits::Elem* __restrict__ x, int H, int W,
+                                             const typename Traits::XElem* __restrict__ x, int H, int W,
                                              const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const int64_t n = images(ahead.at.n);
-    const typename Traits::Elem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
+    const typename Traits::XElem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
@@ -2776,7 +2841,7 @@ struct HandedWrites {
 // row read that row instead. 3xTF32 keeps a branch there: without it, ptxas for sm_100 spills.
 template <class Traits, bool kVec16>
 struct SelfFeed {
-  using Elem = typename Traits::Elem;
+  using Elem = typename Traits::XElem;  // x's element type
   static constexpr int kK = Traits::kKsize;
   static constexpr bool kBranch = Traits::Precision::Multiply::kCopies == 2;
   const typename Traits::Producer& producer;
@@ -2882,7 +2947,7 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
+    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps, int* __restrict__ guard) {
@@ -3170,6 +3235,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
                                         float* pre_min, int* guard, int64_t N, int H, int W, int num_sms,
                                         cudaStream_t stream) {
   using Elem = typename Traits::Elem;
+  using XElem = typename Traits::XElem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
@@ -3178,7 +3244,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      static_cast<const XElem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
       static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
@@ -3207,9 +3273,11 @@ static constexpr FusedLauncher kFusedLaunchers[] = {
 };
 static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
 
-extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only) {
+extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only) {
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
-    if (kb25::kFusedKernelPrecision[k] != precision || (mma_sync_only && kFusedRequirements[k].wgmma)) continue;
+    if (kb25::kFusedKernelPrecision[k] != precision || kb25::kFusedKernelInput[k] != input ||
+        (mma_sync_only && kFusedRequirements[k].wgmma))
+      continue;
     if (can_implement(kFusedRequirements[k], device)) return k;
   }
   return -1;
@@ -3404,13 +3472,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 12;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 0, 0, 0, 1, 1, 2, 3};
+inline constexpr int kFusedKernelCount = 16;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+// x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, true, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, true, true, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, false, false, true, true, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -3420,9 +3490,9 @@ struct DeviceProfile {
 };
 }  // namespace kb25
 
-// The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
-// can launch (only mma.sync kernels if mma_sync_only), or -1.
-extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// The fused kernel to run (its index in FUSED_TABLE) for a precision and x's element type (kElem*) on such a GPU: the
+// first of the table that it can launch (only mma.sync kernels if mma_sync_only), or -1.
+extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only);
 // A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
 extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);
@@ -3541,10 +3611,10 @@ bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
          weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
 }
 
-// The precision in which the reference computes this input (its index in PRECISIONS), or -1 where no fused kernel
-// has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
-int precision_of(const at::Tensor& x) {
-  switch (x.scalar_type()) {
+// The precision in which the reference computes a conv of this dtype (its index in PRECISIONS), or -1 where no fused
+// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+int precision_of(at::ScalarType dtype) {
+  switch (dtype) {
     case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
     case at::kBFloat16: return kb25::kPrecisionBf16;
     case at::kHalf: return kb25::kPrecisionFp16;
@@ -3553,12 +3623,15 @@ int precision_of(const at::Tensor& x) {
 }
 
 // The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
-// a guarded kernel its guard on the same GPU (else -1).
+// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call (a
+// float32 x and 16-bit weights), whose x the kernel rounds to the weights' dtype.
 std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
-  const int precision = precision_of(x);
+  const at::ScalarType w = weight.scalar_type();
+  const bool cast_input = x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
+  const int precision = precision_of(cast_input ? w : x.scalar_type());
   if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
   const kb25::DeviceProfile device = device_profile(x.get_device());
-  const int kernel = choose_fused_kernel(precision, device, mma_sync_only);
+  const int kernel = choose_fused_kernel(precision, elem_code(x.scalar_type()), device, mma_sync_only);
   if (kernel < 0 || !kb25::kFusedKernelGuarded[kernel]) return {kernel, -1};
   const int guard = choose_guard_kernel(kernel, device);
   TORCH_CHECK(guard >= 0, "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
@@ -3569,13 +3642,20 @@ std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& wei
 }  // namespace
 
 // The same checks, in the same order and words, as check_input() in python/ops.py (the CPU and fake kernels); the
-// tests run one table of bad inputs through both.
-void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+// tests run one table of bad inputs through both. cast_input: a cast-input call (conv_min_tanh2_cast_input), whose x
+// is float32 and whose weights are bfloat16 or float16.
+void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool cast_input = false) {
   TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
                     "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape " + shape_str(x.sizes()));
   TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on " + weight.device().str() +
                                                        " (the device of its weights), got " + x.device().str());
-  TORCH_CHECK_VALUE(x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type()),
+  if (cast_input) {
+    TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat &&
+                          (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf),
+                      "ModelNew's cast-input call expects a torch.float32 input and torch.bfloat16 or torch.float16 "
+                      "weights, got " + dtype_name(x.scalar_type()) + " and " + dtype_name(weight.scalar_type()));
+  }
+  TORCH_CHECK_VALUE(cast_input || (x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type())),
                     "ModelNew expects input of its weights' dtype " + dtype_name(weight.scalar_type()) +
                         " (supported: " KB25_SUPPORTED_DTYPES "), got " + dtype_name(x.scalar_type()));
   TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1),
@@ -3676,7 +3756,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
-  at::Tensor out = at::empty(sizes, xc.options());
+  at::Tensor out = at::empty(sizes, xc.options().dtype(wc.scalar_type()));  // x's, or a cast-input call's 16-bit
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
@@ -3731,15 +3811,18 @@ bool fused_kernel_launches(int64_t kernel) {
 // [1, 1 + N) which (an undefined tensor for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
                                                             const at::Tensor& bias, int64_t kernel, bool with_guard) {
-  check_input(x, weight, bias);
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
                         num(kernel));
+  check_input(x, weight, bias, x.scalar_type() != weight.scalar_type());
   const std::string name = kb25::kFusedKernelNames[kernel];
-  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) && precision_of(x) == kb25::kFusedKernelPrecision[kernel],
-                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its precision and a " +
-                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " + num(x.dim()) + "-D " +
-                        dtype_name(x.scalar_type()) + " input on " + x.device().str() + ", TF32 convs " +
+  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) &&
+                        precision_of(weight.scalar_type()) == kb25::kFusedKernelPrecision[kernel] &&
+                        elem_code(x.scalar_type()) == kb25::kFusedKernelInput[kernel],
+                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its input dtype, weights of its " +
+                        "precision and a " + num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " +
+                        num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input on " + x.device().str() +
+                        ", " + dtype_name(weight.scalar_type()) + " weights, TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed"));
   const c10::cuda::CUDAGuard guard(x.device());
   const kb25::DeviceProfile real = real_profile(x.get_device());
@@ -3763,6 +3846,27 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   const Choice choice = choose(x, weight, backend);
   if (choice.kernel < 0) return std::get<0>(cudnn_conv_then_epilogue(x, weight, bias, false));
   return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
+}
+
+// x.to(weight.dtype), then the op's CUDA kernel, for a float32 x and bfloat16 or float16 weights (autocast's call,
+// python/ops.py): the fused kernel of that dtype with a float32 input rounds x itself as it reads it (round to nearest
+// even, as .to() does), so no cast kernel runs; where that kernel does not run (another backend, shape or GPU), x is
+// cast and the call goes the op's way. The output is the op's on x.to(weight.dtype), bit for bit.
+at::Tensor conv_min_tanh2_cast_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                     int64_t backend) {
+  check_input(x, weight, bias, /*cast_input=*/true);
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
+  TORCH_CHECK_VALUE(backend >= 0 && backend < kb25::kBackendCount,
+                    "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(backend));
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (backend != kb25::kBackendCudnnEpilogue) {
+    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, backend == kb25::kBackendFusedMmaSync);
+    if (kernel >= 0) {
+      const Choice choice{backend == kb25::kBackendAuto ? kb25::kBackendFused : backend, kernel, guard_kernel};
+      return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
+    }
+  }
+  return conv_min_tanh2(x.to(weight.scalar_type()), weight, bias, backend);
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
@@ -3868,7 +3972,7 @@ TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
-                       "run_fused_kernel_guarded",
+                       "run_fused_kernel_guarded", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -3906,10 +4010,17 @@ def _cuda_std():
     return "c++17" if cuda and int(cuda.split(".")[0]) < 12 else "c++20"
 
 
+# The extension exports its Python module's entry point only: its launchers (extern "C") and the table's inline
+# variables stay inside it, so that two builds of this file in one process (tools/ab.py) each call their own; with
+# default visibility the second build's op called the first build's launchers and read its kernel names.
+HIDDEN_SYMBOLS = "-fvisibility=hidden"
+
+
 def _cuda_cflags(arch_flags):
     """nvcc flags of the build beyond torch's own, the C++ standard (_cuda_std) among them, so that the source builds
-    from these flags alone: torch's build adds a standard only where none is given, and nvcc's default is C++17."""
-    return ["-O3", f"-std={_cuda_std()}", *arch_flags]
+    from these flags alone: torch's build adds a standard only where none is given, and nvcc's default is C++17.
+    Host symbols hidden (HIDDEN_SYMBOLS) as in the C++ translation unit."""
+    return ["-O3", f"-std={_cuda_std()}", "-Xcompiler", HIDDEN_SYMBOLS, *arch_flags]
 
 
 def _toolkit_paths(cuda_home):
@@ -3956,7 +4067,7 @@ def _build_extension():
         cpp_sources=[cpp_source()],
         cuda_sources=[cuda_source()],
         functions=EXTENSION_FUNCTIONS,
-        extra_cflags=["-O3", *cpp_defines],
+        extra_cflags=["-O3", HIDDEN_SYMBOLS, *cpp_defines],
         extra_cuda_cflags=_cuda_cflags(arch_flags),
         extra_ldflags=[f"-L{d}" for d in library_dirs],
         extra_include_paths=include_dirs,
@@ -4152,9 +4263,20 @@ def _autocast_cast(t, dtype, device_type):
     return t.to(dtype) if eligible else t
 
 
+def _casts_in_kernel(x, weight, bias):
+    """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
+    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode, and
+    nothing for autograd to record (the call skips the op and its autograd formula)."""
+    return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
+            and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
+
+
 def _register_autocast(lib, name, device_type):
     """Under torch.autocast(device_type), cast x, weight and bias as autocast casts conv2d's (to the autocast dtype),
-    then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel."""
+    then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel. In
+    eager CUDA inference (_casts_in_kernel) x is not cast: the fused kernel rounds it as .to() would, as it reads it
+    (conv_min_tanh2_cast_input), which saves the cast kernel's read and write of x; the output is the same bits."""
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
     keys = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
             | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))
@@ -4162,7 +4284,10 @@ def _register_autocast(lib, name, device_type):
     def kernel(_keyset, x, weight, bias, backend):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(keys):
-            return op(*(_autocast_cast(t, dtype, device_type) for t in (x, weight, bias)), backend)
+            weight, bias = (_autocast_cast(t, dtype, device_type) for t in (weight, bias))
+            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias):
+                return _ext.conv_min_tanh2_cast_input(x, weight, bias, backend)
+            return op(_autocast_cast(x, dtype, device_type), weight, bias, backend)
 
     lib.impl(name, kernel, "Autocast" + device_type.upper(), with_keyset=True)
 
@@ -4228,8 +4353,9 @@ def fused_kernel_launches(name):
 
 
 def run_fused_kernel(x, weight, bias, name):
-    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU. A
-    guarded kernel (TF32 on fp16 operands) runs with its guard."""
+    """Run one named fused kernel (tests and benchmarks): it must compute the weights' precision, take x's dtype (its
+    input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
+    kernel (TF32 on fp16 operands) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
 
 
@@ -4309,10 +4435,17 @@ class ModelNew(nn.Module):
         return OP_BACKENDS[_ext.resolve_backend(x, self.conv.weight, self._op_backend)]
 
     def fused_kernel(self, x):
-        """Which fused kernel (a name in FUSED_KERNELS) this input runs on, or None when no fused kernel does."""
+        """Which fused kernel (a name in FUSED_KERNELS) this input runs on, or None when no fused kernel does; under
+        torch.autocast("cuda"), the one the autocast call runs (without grad, in eager mode)."""
         if self._op_backend is None or x.device.type != "cuda":
             return None
-        code = _ext.fused_kernel(x, self.conv.weight, self._op_backend)
+        weight = self.conv.weight
+        if torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+            weight = _autocast_cast(weight, dtype, "cuda")
+            if not _casts_in_kernel(x, weight, self.conv.bias):
+                x = _autocast_cast(x, dtype, "cuda")
+        code = _ext.fused_kernel(x, weight, self._op_backend)
         return FUSED_KERNELS[code] if code >= 0 else None
 
     def forward(self, x):

@@ -480,9 +480,8 @@ def test_timeline_stamps_the_current_source():
     # its report assumes two consumers fed by producer warps: any other kernel is refused in one line, before a build
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(timeline.__file__), "timeline.py"), "sm80_bf16"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "expected a wgmma kernel (sm90_tf32_f16, sm90_tf32, sm90_tf32x3, sm90_bf16, " \
-        "sm90_fp16), got " \
-        "'sm80_bf16'" in proc.stderr, proc.stderr
+    wgmma = ", ".join(k.name for k in model_new.FUSED_TABLE if k.mma == "wgmma")
+    assert proc.returncode == 2 and f"expected a wgmma kernel ({wgmma}), got 'sm80_bf16'" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("args, exc, pattern", [
@@ -508,8 +507,8 @@ def test_harness_precisions_are_model_news():
     """The cases table joins harness.PRECISIONS (tolerances) with FUSED_TABLE (precision names): one list of names."""
     assert tuple(harness.PRECISIONS) == model_new.PRECISIONS
     assert {k.precision for k in model_new.FUSED_TABLE} == set(model_new.PRECISIONS)
-    assert {p for p, _ in model_new.PRECISION_TAGS} == set(model_new.PRECISIONS)
-    assert set(model_new.PRECISION_TAGS) == {(k.precision, k.operand) for k in model_new.FUSED_TABLE}
+    assert {p for p, _, _ in model_new.PRECISION_TAGS} == set(model_new.PRECISIONS)
+    assert set(model_new.PRECISION_TAGS) == {(k.precision, k.operand, k.input) for k in model_new.FUSED_TABLE}
     kernel_cases = {c.kernel for c in harness.CASES.values() if c.backend == "kernel"}
     assert kernel_cases == set(model_new.FUSED_KERNELS)
 
@@ -761,7 +760,7 @@ def test_build_standard_follows_the_cuda_torch_was_built_with(monkeypatch, cuda,
     built with CUDA 11 (no C++20 in its nvcc), whatever torch headers are installed."""
     monkeypatch.setattr(torch.version, "cuda", cuda)
     assert model_new._cuda_cflags(["-gencode=arch=compute_86,code=sm_86"]) == \
-        ["-O3", f"-std={std}", "-gencode=arch=compute_86,code=sm_86"]
+        ["-O3", f"-std={std}", "-Xcompiler", "-fvisibility=hidden", "-gencode=arch=compute_86,code=sm_86"]
 
 
 # Headers of the CUDA math libraries, which ATen/cuda/CUDAContext.h includes (CUDAContextLight.h).
@@ -976,22 +975,26 @@ def _instantiation(mangled):
 SMEM_OPTIN_BY_ARCH = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
                       90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 def test_chooser_picks_only_kernels_each_arch_can_launch():
-    """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision and backend:
-    what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is nothing
-    below sm_80, and exists for every precision on every sm_80+ arch (fused everywhere from sm_80)."""
+    """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision, input dtype and
+    backend: what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is
+    nothing below sm_80 and nothing for a (precision, input) that no row has, and exists for every (precision, input)
+    of the table on every sm_80+ arch (fused everywhere from sm_80, autocast's float32 input included)."""
     sms = sorted(SMEM_OPTIN_BY_ARCH)
-    stdin = f"{len(model_new.PRECISIONS)}\n" + "".join(f"{sm} {SMEM_OPTIN_BY_ARCH[sm]}\n" for sm in sms)
+    dtypes = model_new.SUPPORTED_DTYPES
+    stdin = f"{len(model_new.PRECISIONS)} {len(dtypes)}\n" + "".join(f"{sm} {SMEM_OPTIN_BY_ARCH[sm]}\n" for sm in sms)
     out = _host_program("chooser", input=stdin).split("\n")
     rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
-    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * 2
-    for sm, wgmma_built, precision, mma_sync_only, kernel, smem in rows:
-        where = (sm, wgmma_built, model_new.PRECISIONS[precision], mma_sync_only)
-        if sm < 80:
+    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * len(dtypes) * 2
+    pairs = {(k.precision, model_new.INPUT_DTYPES[k.input]) for k in model_new.FUSED_TABLE}
+    for sm, wgmma_built, precision, input_code, mma_sync_only, kernel, smem in rows:
+        where = (sm, wgmma_built, model_new.PRECISIONS[precision], dtypes[input_code], mma_sync_only)
+        if sm < 80 or (model_new.PRECISIONS[precision], dtypes[input_code]) not in pairs:
             assert kernel == -1, where
             continue
         assert kernel >= 0, f"nothing fused for {where}"
         row = model_new.FUSED_TABLE[kernel]
         assert row.precision == model_new.PRECISIONS[precision], (where, row)
+        assert model_new.INPUT_DTYPES[row.input] == dtypes[input_code], (where, row)
         assert 0 < smem <= SMEM_OPTIN_BY_ARCH[sm], (where, row, smem)
         assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
 
@@ -2276,3 +2279,95 @@ def test_guard_runs_in_one_stream_under_cuda_graphs(tf32_default):
         with torch.no_grad():
             want = new(fresh)
         assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(want)) and torch.equal(out.isnan(), want.isnan())
+
+
+# ------------------------------------------------------------------------------ autocast: x rounded by the kernel
+CAST_INPUT = [k.name for k in model_new.FUSED_TABLE if k.input == "fp32" and k.precision in ("bf16", "fp16")]
+
+
+def _native_of(name):
+    """The 16-bit kernel of the same MMA and precision that takes x in its own dtype."""
+    row = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)]
+    return next(k.name for k in model_new.FUSED_TABLE
+                if (k.mma, k.precision, k.input) == (row.mma, row.precision, row.precision))
+
+
+def _cast_input_distribution(kind, shape, seed, dtype):
+    """float32 inputs for the kernels that round x themselves: torch.rand; signed normal; ties (every value halfway
+    between two values of dtype, where rounding to nearest even, ties away and truncation all differ); wide
+    (magnitudes 2^-30 .. 2^17: fp16 subnormals, flushes and overflows); special (+-inf, NaN, 65504, 65519.99 and
+    65520 (fp16's largest, the last value that rounds to it, the first that overflows), 1e-30, mixed into one row, one
+    image, and across images)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "rand":
+        return torch.rand(shape, generator=gen, device="cuda")
+    if kind == "normal":
+        return torch.randn(shape, generator=gen, device="cuda")
+    if kind == "ties":
+        bits = 7 if dtype == torch.bfloat16 else 10
+        k = torch.randint(0, 2 ** bits, shape, generator=gen, device="cuda").float()
+        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+        return sign * (1 + (2 * k + 1) * 2.0 ** -(bits + 1))
+    if kind == "wide":
+        e = torch.rand(shape, generator=gen, device="cuda") * 47 - 30
+        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+        return sign * torch.exp2(e)
+    if kind == "special":
+        x = torch.rand(shape, generator=gen, device="cuda")
+        values = [float("inf"), float("-inf"), float("nan"), 65504.0, 65519.99, 65520.0, -65520.0, 1e-30]
+        for i, v in enumerate(values):
+            x[i % shape[0], i % shape[1], (3 * i) % shape[2], (7 * i) % shape[3]] = v
+        x[0, 1, 2, :4] = torch.tensor(values[:4])  # several in one row
+        return x
+    raise ValueError(kind)
+
+
+def _bit_equal(a, b):
+    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a),
+                                                                                     torch.nan_to_num(b))
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["rand", "normal", "ties", "wide", "special"])
+@pytest.mark.parametrize("name", CAST_INPUT)
+def test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input(name, kind, tf32_default):
+    """A kernel that reads float32 x and rounds it to bf16 / fp16 itself gives, bit for bit, what the 16-bit kernel of
+    the same MMA gives on x.to(dtype) (round to nearest even; overflow to inf, NaN kept). Ragged shapes: tiles cut by
+    the image's edge, W not a multiple of 4 (element loads)."""
+    if not model_new.fused_kernel_launches(name):
+        pytest.skip(f"{name} does not launch on this GPU")
+    row = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)]
+    dtype = model_new.INPUT_DTYPES[row.precision]
+    _, new = _cuda_models(71)
+    w, b = new.conv.weight.detach().to(dtype), new.conv.bias.detach().to(dtype)
+    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
+        x = _cast_input_distribution(kind, shape, seed=hash((kind, shape)) % 1000, dtype=dtype)
+        got = model_new.run_fused_kernel(x, w, b, name)
+        want = model_new.run_fused_kernel(x.to(dtype), w, b, _native_of(name))
+        assert _bit_equal(got, want), f"{name} {kind} {shape}: {harness.max_abs_error(got, want)} from the cast's"
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100", "A10G"])
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_autocast_rounds_x_in_the_kernel(dtype, profile, tf32_default):
+    """Under torch.autocast("cuda", dtype), in eager inference, ModelNew runs the kernel that rounds x itself: no cast
+    kernel for x (two small ones for the weight and the bias, as autocast casts them), the output equal bit for bit
+    to the cast-then-kernel call; fused_kernel() names that kernel."""
+    if profile == "H100" and not model_new.fused_kernel_launches("sm90_bf16"):
+        pytest.skip("this GPU has no wgmma")
+    _, new = _cuda_models(72)
+    x = make_input((3, 16, 37, 301), seed=73, device="cuda")
+    with harness.emulated(profile), torch.no_grad():
+        with torch.autocast("cuda", dtype=dtype):
+            kernel = new.fused_kernel(x)
+            got = new(x)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                new(x)
+        want = model_new._ext.conv_min_tanh2(x.to(dtype), new.conv.weight.to(dtype), new.conv.bias.to(dtype), 0)
+    assert kernel in CAST_INPUT and model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(kernel)].precision == \
+        {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], kernel
+    assert _bit_equal(got, want)
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    fused = [k for k in kernels if "conv3x3_min_tanh2_kernel" in k]
+    assert len(fused) == 1 and len(kernels) == 3, kernels

@@ -78,9 +78,11 @@ struct WgmmaEpilogue {
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
   // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
   // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
-  // bits each in the kernels whose bias comes from the MMAs: with bytes their saving variant needed more than its
-  // 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the tensor cores").
-  static constexpr int kPer = Mainloop::kBiasByMma ? 8 : 4;
+  // bits each in the kernels whose bias comes from the MMAs and whose elements are the MMA's type: with bytes their
+  // saving variant needed more than its 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the
+  // tensor cores"); TF32 on fp16 operands is the other way round (8 bytes spilled with 4 bits).
+  static constexpr int kPer =
+      Mainloop::kBiasByMma && sizeof(typename Mainloop::Elem) == sizeof(typename Mainloop::MmaElem) ? 8 : 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
   static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;

@@ -26,12 +26,12 @@ struct Images {
 // writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
-                                             const typename Traits::Elem* __restrict__ x, int H, int W,
+                                             const typename Traits::XElem* __restrict__ x, int H, int W,
                                              const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const int64_t n = images(ahead.at.n);
-    const typename Traits::Elem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
+    const typename Traits::XElem* const x_img = x + n * Traits::kCin * ((int64_t)H * W);
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
@@ -103,7 +103,7 @@ struct HandedWrites {
 // row read that row instead. 3xTF32 keeps a branch there: without it, ptxas for sm_100 spills.
 template <class Traits, bool kVec16>
 struct SelfFeed {
-  using Elem = typename Traits::Elem;
+  using Elem = typename Traits::XElem;  // x's element type
   static constexpr int kK = Traits::kKsize;
   static constexpr bool kBranch = Traits::Precision::Multiply::kCopies == 2;
   const typename Traits::Producer& producer;
@@ -209,7 +209,7 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    conv3x3_min_tanh2_kernel(const typename Traits::Elem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
+    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
                              const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps, int* __restrict__ guard) {

@@ -23,7 +23,8 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;        // x, the weights, the bias, the output
+  using Elem = typename Precision::Elem;        // the weights, the bias, the output
+  using XElem = typename Precision::XElem;      // x: Elem, or float32 that the producer rounds to MmaElem
   using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;

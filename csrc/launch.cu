@@ -73,6 +73,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
                                         float* pre_min, int* guard, int64_t N, int H, int W, int num_sms,
                                         cudaStream_t stream) {
   using Elem = typename Traits::Elem;
+  using XElem = typename Traits::XElem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
@@ -81,7 +82,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      static_cast<const Elem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      static_cast<const XElem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
       static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
@@ -110,9 +111,11 @@ static constexpr FusedLauncher kFusedLaunchers[] = {
 };
 static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
 
-extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only) {
+extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only) {
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
-    if (kb25::kFusedKernelPrecision[k] != precision || (mma_sync_only && kFusedRequirements[k].wgmma)) continue;
+    if (kb25::kFusedKernelPrecision[k] != precision || kb25::kFusedKernelInput[k] != input ||
+        (mma_sync_only && kFusedRequirements[k].wgmma))
+      continue;
     if (can_implement(kFusedRequirements[k], device)) return k;
   }
   return -1;

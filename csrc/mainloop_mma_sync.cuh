@@ -64,7 +64,7 @@ struct MmaSyncMainloop {
     MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
-        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, b, Geometry::kCout, flags);
     bool inexact = false;
     for (int i = threadIdx.x; i < kWeightWords * kPerWord; i += blockDim.x) {
       const int h = i % kPerWord, word = i / kPerWord;

@@ -123,7 +123,7 @@ struct WgmmaMainloop {
     MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
-        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, flags);
+        w, Geometry::kCout * Geometry::kCin * Geometry::kTaps, b, Geometry::kCout, flags);
     bool inexact = false;
     stage_batched<kThreads, Geometry::kKSteps * Geometry::kCout * Geometry::kMmaK>(
         [&](int i) {
@@ -146,19 +146,12 @@ struct WgmmaMainloop {
           [&](int i) { return b[i / Geometry::kMmaK]; },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
-            MmaElem v = convert<MmaElem>(0.f);
-            if constexpr (sizeof(MmaElem) == 4) {
-              float part[3];
-              split_tf32_bias(bias, part);
-              v = kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
-            } else if (kk == 0) {
-              v = bias;
-            }
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
-                  (int)sizeof(MmaElem) + kk % kGC] = v;
+                  (int)sizeof(MmaElem) + kk % kGC] = Precision::template bias_part<MmaElem>(bias, scale, kk);
           });
+      // Every 16 bytes of B hold k rows 0..kGC - 1 of one column (the descriptor's core matrices overlap).
       for (int i = threadIdx.x; i < kOnesBytes / (int)sizeof(MmaElem); i += kThreads)
-        reinterpret_cast<MmaElem*>(smem)[i] = convert<MmaElem>(1.f);
+        reinterpret_cast<MmaElem*>(smem)[i] = Precision::template ones<MmaElem>(i % kGC);
     }
     fence_proxy_async();  // published to wgmma by the barrier before the roles split
   }

@@ -16,14 +16,12 @@ __device__ __forceinline__ void pin(float (&acc)[kN][4]) {
     for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
 }
 
-// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16).
-// wgmma, kBiasByMma_: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by one
-// more MMA (OneProduct); else they start from the bias, by moves, and every k-step accumulates (OneProductFromBias:
-// Tf32OnF16, whose bias times 2^s is an fp32 value that fp16 operands do not hold).
-template <bool kBiasByMma_>
-struct OneProductOf {
+// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16; TF32
+// on fp16 operands). wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by
+// one more MMA (the tag's bias_part and ones).
+struct OneProduct {
   static constexpr int kCopies = 1;  // a stored operand is one value
-  static constexpr bool kBiasByMma = kBiasByMma_;
+  static constexpr bool kBiasByMma = true;
   // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
   // -0.5%; docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kIssuesBeforeNewest = true;
@@ -31,21 +29,13 @@ struct OneProductOf {
   __device__ static void store_weight(O* dst, int at, int, E v) {
     dst[at] = Tag::to_tensor_core(v);
   }
-  // Without the bias MMA: the accumulators from the bias (rows g, g + 8 of the warp's 16 channels).
+  // The bias comes from its MMA: nothing to start from.
   template <int kN, class Small>
-  __device__ static void wgmma_begin(float (&acc)[kN][4], Small&, float bias_lo, float bias_hi) {
-    if constexpr (!kBiasByMma) {
-#pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        acc[j][0] = acc[j][1] = bias_lo;
-        acc[j][2] = acc[j][3] = bias_hi;
-      }
-    }
-  }
-  // The k-step's MMA: D = A * B at the first k-step (with the bias MMA), D += A * B otherwise.
+  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
+  // The k-step's MMA: D = A * B at the first k-step, D += A * B otherwise.
   template <class Elem, bool kFirst, int kN, class Small>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
-    if constexpr (kFirst && kBiasByMma) {
+    if constexpr (kFirst) {
       wgmma_async<false>(acc, a, b, Operand<Elem>{});
     } else {
       wgmma_async(acc, a, b, Operand<Elem>{});
@@ -68,8 +58,6 @@ struct OneProductOf {
   template <int kN>
   using WgmmaSmall = float[1][4];  // no small products
 };
-using OneProduct = OneProductOf<true>;
-using OneProductFromBias = OneProductOf<false>;
 
 // 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32

@@ -105,10 +105,10 @@ bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
          weight.size(2) == KB25_FUSED_KSIZE && weight.size(3) == KB25_FUSED_KSIZE;
 }
 
-// The precision in which the reference computes this input (its index in PRECISIONS), or -1 where no fused kernel
-// has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
-int precision_of(const at::Tensor& x) {
-  switch (x.scalar_type()) {
+// The precision in which the reference computes a conv of this dtype (its index in PRECISIONS), or -1 where no fused
+// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+int precision_of(at::ScalarType dtype) {
+  switch (dtype) {
     case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
     case at::kBFloat16: return kb25::kPrecisionBf16;
     case at::kHalf: return kb25::kPrecisionFp16;
@@ -117,12 +117,15 @@ int precision_of(const at::Tensor& x) {
 }
 
 // The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
-// a guarded kernel its guard on the same GPU (else -1).
+// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call (a
+// float32 x and 16-bit weights), whose x the kernel rounds to the weights' dtype.
 std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
-  const int precision = precision_of(x);
+  const at::ScalarType w = weight.scalar_type();
+  const bool cast_input = x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
+  const int precision = precision_of(cast_input ? w : x.scalar_type());
   if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
   const kb25::DeviceProfile device = device_profile(x.get_device());
-  const int kernel = choose_fused_kernel(precision, device, mma_sync_only);
+  const int kernel = choose_fused_kernel(precision, elem_code(x.scalar_type()), device, mma_sync_only);
   if (kernel < 0 || !kb25::kFusedKernelGuarded[kernel]) return {kernel, -1};
   const int guard = choose_guard_kernel(kernel, device);
   TORCH_CHECK(guard >= 0, "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
@@ -133,13 +136,20 @@ std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& wei
 }  // namespace
 
 // The same checks, in the same order and words, as check_input() in python/ops.py (the CPU and fake kernels); the
-// tests run one table of bad inputs through both.
-void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+// tests run one table of bad inputs through both. cast_input: a cast-input call (conv_min_tanh2_cast_input), whose x
+// is float32 and whose weights are bfloat16 or float16.
+void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool cast_input = false) {
   TORCH_CHECK_VALUE(x.dim() == 3 || x.dim() == 4,
                     "ModelNew expects a 3-D (C, H, W) or 4-D (N, C, H, W) input, got shape " + shape_str(x.sizes()));
   TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on " + weight.device().str() +
                                                        " (the device of its weights), got " + x.device().str());
-  TORCH_CHECK_VALUE(x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type()),
+  if (cast_input) {
+    TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat &&
+                          (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf),
+                      "ModelNew's cast-input call expects a torch.float32 input and torch.bfloat16 or torch.float16 "
+                      "weights, got " + dtype_name(x.scalar_type()) + " and " + dtype_name(weight.scalar_type()));
+  }
+  TORCH_CHECK_VALUE(cast_input || (x.scalar_type() == weight.scalar_type() && supported_dtype(x.scalar_type())),
                     "ModelNew expects input of its weights' dtype " + dtype_name(weight.scalar_type()) +
                         " (supported: " KB25_SUPPORTED_DTYPES "), got " + dtype_name(x.scalar_type()));
   TORCH_CHECK_VALUE(weight.dim() == 4 && x.size(-3) == weight.size(1),
@@ -240,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
-  at::Tensor out = at::empty(sizes, xc.options());
+  at::Tensor out = at::empty(sizes, xc.options().dtype(wc.scalar_type()));  // x's, or a cast-input call's 16-bit
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
@@ -295,15 +305,18 @@ bool fused_kernel_launches(int64_t kernel) {
 // [1, 1 + N) which (an undefined tensor for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
                                                             const at::Tensor& bias, int64_t kernel, bool with_guard) {
-  check_input(x, weight, bias);
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
                         num(kernel));
+  check_input(x, weight, bias, x.scalar_type() != weight.scalar_type());
   const std::string name = kb25::kFusedKernelNames[kernel];
-  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) && precision_of(x) == kb25::kFusedKernelPrecision[kernel],
-                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its precision and a " +
-                        num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " + num(x.dim()) + "-D " +
-                        dtype_name(x.scalar_type()) + " input on " + x.device().str() + ", TF32 convs " +
+  TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) &&
+                        precision_of(weight.scalar_type()) == kb25::kFusedKernelPrecision[kernel] &&
+                        elem_code(x.scalar_type()) == kb25::kFusedKernelInput[kernel],
+                    "run_fused_kernel(" + name + ") expects a 4-D CUDA input of its input dtype, weights of its " +
+                        "precision and a " + num(KB25_FUSED_CIN) + "->" + num(KB25_FUSED_COUT) + " conv, got a " +
+                        num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input on " + x.device().str() +
+                        ", " + dtype_name(weight.scalar_type()) + " weights, TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed"));
   const c10::cuda::CUDAGuard guard(x.device());
   const kb25::DeviceProfile real = real_profile(x.get_device());
@@ -327,6 +340,27 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   const Choice choice = choose(x, weight, backend);
   if (choice.kernel < 0) return std::get<0>(cudnn_conv_then_epilogue(x, weight, bias, false));
   return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
+}
+
+// x.to(weight.dtype), then the op's CUDA kernel, for a float32 x and bfloat16 or float16 weights (autocast's call,
+// python/ops.py): the fused kernel of that dtype with a float32 input rounds x itself as it reads it (round to nearest
+// even, as .to() does), so no cast kernel runs; where that kernel does not run (another backend, shape or GPU), x is
+// cast and the call goes the op's way. The output is the op's on x.to(weight.dtype), bit for bit.
+at::Tensor conv_min_tanh2_cast_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                     int64_t backend) {
+  check_input(x, weight, bias, /*cast_input=*/true);
+  TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
+  TORCH_CHECK_VALUE(backend >= 0 && backend < kb25::kBackendCount,
+                    "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(backend));
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (backend != kb25::kBackendCudnnEpilogue) {
+    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, backend == kb25::kBackendFusedMmaSync);
+    if (kernel >= 0) {
+      const Choice choice{backend == kb25::kBackendAuto ? kb25::kBackendFused : backend, kernel, guard_kernel};
+      return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
+    }
+  }
+  return conv_min_tanh2(x.to(weight.scalar_type()), weight, bias, backend);
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;

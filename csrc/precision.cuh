@@ -14,7 +14,7 @@ struct UnscaledOperands {
   static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
   template <int kThreads, class E>
-  __device__ static float find_scale(const E* __restrict__, int, uint32_t*) { return 1.f; }
+  __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
   __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
   template <class E>
   __device__ static E scale(E v, float) { return v; }
@@ -23,6 +23,21 @@ struct UnscaledOperands {
   template <class E>
   __device__ static bool inexact_bias(E, float) { return false; }
   __device__ static float unscale(float m, float) { return m; }
+  // The wgmma bias k-step (WgmmaMainloop, kBiasByMma): A's k column kk of an output channel (bias_part) against B's
+  // k row kk (ones). TF32: the bias as three TF32 parts (split_tf32_bias) in columns 0..2; 16-bit: the bias in column
+  // 0. B is all ones.
+  template <class M, class E>
+  __device__ static M bias_part(E bias, float, int kk) {
+    if constexpr (sizeof(M) == 4) {
+      float part[3];
+      split_tf32_bias(bias, part);
+      return kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
+    } else {
+      return kk == 0 ? bias : convert<M>(0.f);
+    }
+  }
+  template <class M>
+  __device__ static M ones(int) { return convert<M>(1.f); }
 };
 
 // How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
@@ -34,7 +49,8 @@ struct UnscaledOperands {
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
 // (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;     // x, the weights, the bias, the output
+  using Elem = float;     // the weights, the bias, the output
+  using XElem = float;    // x
   using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
@@ -55,6 +71,7 @@ struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both
 };
 struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
   using Elem = float;
+  using XElem = float;
   using MmaElem = float;
   static constexpr int kMmaK = 8;
   using Multiply = ThreeProducts;
@@ -77,6 +94,7 @@ template <class Elem_>
 struct Native16 : UnscaledOperands {
   static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
   using Elem = Elem_;
+  using XElem = Elem_;
   using MmaElem = Elem_;
   static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
   static constexpr int kMmaK = 16;
@@ -97,13 +115,37 @@ struct Native16 : UnscaledOperands {
   }
 };
 
+// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
+// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
+// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
+template <class Elem_>
+struct Native16FromF32 : Native16<Elem_> {
+  using XElem = float;
+  static constexpr bool kFastNeedsNoNaN = false;
+  // Two input words into one word of two 16-bit values (lo in the low half).
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused && Native16<Elem_>::kBf16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    if constexpr (kHasFused && !Native16<Elem_>::kBf16) {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    return r;
+  }
+  // Every input has its 16-bit value: nothing is out of range.
+  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
+  static constexpr uint32_t kOutOfRange = 0;
+};
+
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
 // 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
 // reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
 // conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
-// (s puts the CTA's largest |w| in [2^15, 2^16)), so that they are fp16 values exactly too; every sum is then 2^s
-// times the TF32 one, exactly. The accumulators start from the bias times 2^s, and the epilogue multiplies each
-// pixel's min by 2^-s (unscale): the order of the channels, and so the argmin, does not change.
+// (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
+// sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
+// (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
+// (unscale): the order of the channels, and so the argmin, does not change.
 // The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
 // goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
 // image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
@@ -112,9 +154,10 @@ struct Native16 : UnscaledOperands {
 // its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
 struct Tf32OnF16 {
   using Elem = float;
+  using XElem = float;
   using MmaElem = __half;
   static constexpr int kMmaK = 16;
-  using Multiply = OneProductFromBias;
+  using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
   static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
   static constexpr bool kGuardsRange = true;
@@ -136,14 +179,16 @@ struct Tf32OnF16 {
   // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
   __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
   static constexpr uint32_t kOutOfRange = 0x80008000u;
-  // All of the CTA's threads: the largest |tf32(w)| over `count` weights into scratch[0], scratch[1] cleared (the
-  // flag inexact() weights and biases raise), then 2^s.
+  // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
+  // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
   template <int kThreads>
-  __device__ static float find_scale(const float* __restrict__ w, int count, uint32_t* scratch) {
+  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                                     uint32_t* scratch) {
     if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
     __syncthreads();
     uint32_t m = 0;
     for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
+    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
     atomicMax(scratch, m);
     __syncthreads();
     return scale_of(scratch);
@@ -163,7 +208,26 @@ struct Tf32OnF16 {
     const float scaled = round_to_tf32(v) * scale;
     return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
   }
-  __device__ static bool inexact_bias(float v, float scale) { return !((v * scale) * __frcp_rn(scale) == v); }
+  // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
+  // scaled magnitude is 0 or within [2^-12, 65504].
+  __device__ static bool inexact_bias(float v, float scale) {
+    const float scaled = v * scale;
+    const float sum = __half2float(bias_part<__half>(v, scale, 0)) +
+                      (__half2float(bias_part<__half>(v, scale, 1)) * 0x1p-11f +
+                       __half2float(bias_part<__half>(v, scale, 2)) * 0x1p-22f);
+    return !(scaled * __frcp_rn(scale) == v && sum == scaled);
+  }
+  // The wgmma bias k-step: the scaled bias as three fp16 values p0 + p1 * 2^-11 + p2 * 2^-22, split_tf32_bias's parts
+  // (11 significant bits each, the last at most 2) with the second and third scaled up so that they stay fp16 values;
+  // B's k rows 0..2 hold 1, 2^-11, 2^-22 (2^-22: an fp16 subnormal, exact). Each product is exact.
+  template <class M>
+  __device__ static __half bias_part(float bias, float scale, int kk) {
+    float part[3];
+    split_tf32_bias(bias * scale, part);
+    return __float2half_rn(kk == 0 ? part[0] : kk == 1 ? part[1] * 0x1p11f : kk == 2 ? part[2] * 0x1p22f : 0.f);
+  }
+  template <class M>
+  __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
   // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
   __device__ static float unscale(float m, float inverse) { return m * inverse; }
 };

@@ -20,7 +20,7 @@ namespace kb25 {
 // chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
 template <class Geometry, int kThreads>
 struct RowProducer {
-  using Elem = typename Geometry::Elem;
+  using Elem = typename Geometry::XElem;  // x's element type
   using Precision = typename Geometry::Precision;
   using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
   // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as

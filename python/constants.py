@@ -53,11 +53,17 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # The model's precisions: float32 with TF32 convs (PyTorch's default), float32 without them (strict), bf16, fp16;
 # code = position.
 PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
-# The CUDA source's precision tag of each (precision, operand) a kernel has: what the tensor cores multiply. TF32 on
-# fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one (Tf32RoundNearest) for inputs beyond fp16.
-PRECISION_TAGS = {("tf32", "fp16"): "Tf32OnF16", ("tf32", "tf32"): "Tf32RoundNearest",
-                  ("strict_fp32", "tf32"): "Tf32x3", ("bf16", "bf16"): "Native16<__nv_bfloat16>",
-                  ("fp16", "fp16"): "Native16<__half>"}
+# The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
+# and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
+# (Tf32RoundNearest) for inputs beyond fp16. The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
+# the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
+PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
+                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
+                  ("fp16", "fp16", "fp16"): "Native16<__half>",
+                  ("bf16", "bf16", "fp32"): "Native16FromF32<__nv_bfloat16>",
+                  ("fp16", "fp16", "fp32"): "Native16FromF32<__half>"}
+# The dtype each input name stands for.
+INPUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Guarded: the kernel lists the images it cannot compute exactly and the guard kernel recomputes them. Guards: the
 # kernels that can recompute listed images.
 GUARDED_TAGS = ("Tf32OnF16",)
@@ -67,7 +73,7 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision that
 # the GPU can launch).
 # mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); operand: what the tensor cores
-# multiply (PRECISION_TAGS); tile_cols: output pixels per
+# multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
 # warps that load the rows for them (0: each consumer loads its own, mma.sync only); write: how a consumer's steps
 # reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (16-bit wgmma: it stages
@@ -75,30 +81,35 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # the staged buffers a consumer cycles through (0 where mma.sync writes from registers). docs/design.md says why each
 # row is what it is.
 class FusedKernel(collections.namedtuple(
-        "FusedKernel", "name mma precision operand tile_cols consumers producer_warps ring write write_buffers")):
+        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
     def tag(self):
-        return PRECISION_TAGS[(self.precision, self.operand)]
+        return PRECISION_TAGS[(self.precision, self.operand, self.input)]
 
 
 FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
-    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", 256, 2, 4, 8, "inline", 2),
-    FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", 256, 2, 4, 5, "inline", 2),
-    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", 128, 2, 4, 4, "inline", 2),
-    FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
-    FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "inline", 2),
+    FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
+    FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
+    FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
+    # Autocast's: float32 x, rounded to bf16 / fp16 by the producer (the same shared-memory layout).
+    FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
     # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
     # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
     # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
-    FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", 64, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", "fp32", 256, 1, 4, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 EXTENSION_NAME = "kb25_conv_min_tanh2"

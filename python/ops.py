@@ -13,7 +13,7 @@ CUDA_SOURCE = CPP_SOURCE = ""  # bundled away
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
-                       "run_fused_kernel_guarded",
+                       "run_fused_kernel_guarded", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -51,10 +51,17 @@ def _cuda_std():
     return "c++17" if cuda and int(cuda.split(".")[0]) < 12 else "c++20"
 
 
+# The extension exports its Python module's entry point only: its launchers (extern "C") and the table's inline
+# variables stay inside it, so that two builds of this file in one process (tools/ab.py) each call their own; with
+# default visibility the second build's op called the first build's launchers and read its kernel names.
+HIDDEN_SYMBOLS = "-fvisibility=hidden"
+
+
 def _cuda_cflags(arch_flags):
     """nvcc flags of the build beyond torch's own, the C++ standard (_cuda_std) among them, so that the source builds
-    from these flags alone: torch's build adds a standard only where none is given, and nvcc's default is C++17."""
-    return ["-O3", f"-std={_cuda_std()}", *arch_flags]
+    from these flags alone: torch's build adds a standard only where none is given, and nvcc's default is C++17.
+    Host symbols hidden (HIDDEN_SYMBOLS) as in the C++ translation unit."""
+    return ["-O3", f"-std={_cuda_std()}", "-Xcompiler", HIDDEN_SYMBOLS, *arch_flags]
 
 
 def _toolkit_paths(cuda_home):
@@ -101,7 +108,7 @@ def _build_extension():
         cpp_sources=[cpp_source()],
         cuda_sources=[cuda_source()],
         functions=EXTENSION_FUNCTIONS,
-        extra_cflags=["-O3", *cpp_defines],
+        extra_cflags=["-O3", HIDDEN_SYMBOLS, *cpp_defines],
         extra_cuda_cflags=_cuda_cflags(arch_flags),
         extra_ldflags=[f"-L{d}" for d in library_dirs],
         extra_include_paths=include_dirs,
@@ -297,9 +304,20 @@ def _autocast_cast(t, dtype, device_type):
     return t.to(dtype) if eligible else t
 
 
+def _casts_in_kernel(x, weight, bias):
+    """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
+    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode, and
+    nothing for autograd to record (the call skips the op and its autograd formula)."""
+    return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
+            and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
+
+
 def _register_autocast(lib, name, device_type):
     """Under torch.autocast(device_type), cast x, weight and bias as autocast casts conv2d's (to the autocast dtype),
-    then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel."""
+    then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel. In
+    eager CUDA inference (_casts_in_kernel) x is not cast: the fused kernel rounds it as .to() would, as it reads it
+    (conv_min_tanh2_cast_input), which saves the cast kernel's read and write of x; the output is the same bits."""
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
     keys = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
             | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))
@@ -307,7 +325,10 @@ def _register_autocast(lib, name, device_type):
     def kernel(_keyset, x, weight, bias, backend):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(keys):
-            return op(*(_autocast_cast(t, dtype, device_type) for t in (x, weight, bias)), backend)
+            weight, bias = (_autocast_cast(t, dtype, device_type) for t in (weight, bias))
+            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias):
+                return _ext.conv_min_tanh2_cast_input(x, weight, bias, backend)
+            return op(_autocast_cast(x, dtype, device_type), weight, bias, backend)
 
     lib.impl(name, kernel, "Autocast" + device_type.upper(), with_keyset=True)
 
@@ -373,8 +394,9 @@ def fused_kernel_launches(name):
 
 
 def run_fused_kernel(x, weight, bias, name):
-    """Run one named fused kernel (tests and benchmarks): it must compute x's precision and launch on this GPU. A
-    guarded kernel (TF32 on fp16 operands) runs with its guard."""
+    """Run one named fused kernel (tests and benchmarks): it must compute the weights' precision, take x's dtype (its
+    input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
+    kernel (TF32 on fp16 operands) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
 
 
@@ -454,10 +476,17 @@ class ModelNew(nn.Module):
         return OP_BACKENDS[_ext.resolve_backend(x, self.conv.weight, self._op_backend)]
 
     def fused_kernel(self, x):
-        """Which fused kernel (a name in FUSED_KERNELS) this input runs on, or None when no fused kernel does."""
+        """Which fused kernel (a name in FUSED_KERNELS) this input runs on, or None when no fused kernel does; under
+        torch.autocast("cuda"), the one the autocast call runs (without grad, in eager mode)."""
         if self._op_backend is None or x.device.type != "cuda":
             return None
-        code = _ext.fused_kernel(x, self.conv.weight, self._op_backend)
+        weight = self.conv.weight
+        if torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+            weight = _autocast_cast(weight, dtype, "cuda")
+            if not _casts_in_kernel(x, weight, self.conv.bias):
+                x = _autocast_cast(x, dtype, "cuda")
+        code = _ext.fused_kernel(x, weight, self._op_backend)
         return FUSED_KERNELS[code] if code >= 0 else None
 
     def forward(self, x):

@@ -42,7 +42,7 @@ def test_bundle_check_names_what_is_stale(tmp_path, edit, stale):
     target = tmp_path / path
     if text is None:  # one row of the instantiation table changed: its ring grows by a slot
         source = target.read_text()
-        row = 'FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", 256, 2, 4, 5,'
+        row = 'FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5,'
         assert source.count(row) == 1
         target.write_text(source.replace(row, row.replace("4, 5,", "4, 6,")))
     else:

@@ -56,6 +56,7 @@ def config_h(k):
     precisions = "\n".join(f"inline constexpr int kPrecision{camel(n)} = {i};" for i, n in enumerate(k.PRECISIONS))
     kernel_names = ", ".join(f'"{row.name}"' for row in k.FUSED_TABLE)
     kernel_precisions = ", ".join(str(k.PRECISIONS.index(row.precision)) for row in k.FUSED_TABLE)
+    kernel_inputs = ", ".join(str(k.SUPPORTED_DTYPES.index(k.INPUT_DTYPES[row.input])) for row in k.FUSED_TABLE)
     guarded = ", ".join("true" if row.tag in k.GUARDED_TAGS else "false" for row in k.FUSED_TABLE)
     guards = ", ".join("true" if row.tag in k.GUARD_TAGS else "false" for row in k.FUSED_TABLE)
     return f"""{BANNER}// The codes and declarations that the CUDA translation unit (launch.cu) and the C++ op (op.cpp) share.
@@ -80,6 +81,8 @@ inline constexpr const char* kBackendNames[] = {{{names}}};
 inline constexpr int kFusedKernelCount = {len(k.FUSED_TABLE)};
 inline constexpr const char* kFusedKernelNames[] = {{{kernel_names}}};
 inline constexpr int kFusedKernelPrecision[] = {{{kernel_precisions}}};
+// x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
+inline constexpr int kFusedKernelInput[] = {{{kernel_inputs}}};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
 inline constexpr bool kFusedKernelGuarded[] = {{{guarded}}};
@@ -93,9 +96,9 @@ struct DeviceProfile {{
 }};
 }}  // namespace kb25
 
-// The fused kernel to run (its index in FUSED_TABLE) for a precision on such a GPU: the first of the table that it
-// can launch (only mma.sync kernels if mma_sync_only), or -1.
-extern "C" int choose_fused_kernel(int precision, kb25::DeviceProfile device, bool mma_sync_only);
+// The fused kernel to run (its index in FUSED_TABLE) for a precision and x's element type (kElem*) on such a GPU: the
+// first of the table that it can launch (only mma.sync kernels if mma_sync_only), or -1.
+extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only);
 // A guarded kernel's guard on such a GPU (its index in FUSED_TABLE), or -1 (none, or `kernel` is not guarded).
 extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device);
 extern "C" bool fused_kernel_fits(int kernel, kb25::DeviceProfile device);

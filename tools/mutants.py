@@ -63,6 +63,19 @@ MUTANTS = {
         ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-subnormal]",
          "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-subnormal]"],
     ),
+    # autocast's kernels truncate x to bf16 instead of rounding it to nearest even as .to() does
+    "cast_input_truncates": (
+        'asm("cvt.rn.bf16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));',
+        'asm("cvt.rz.bf16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));',
+        ["test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input[sm90_bf16_from_fp32-ties]",
+         "test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input[sm80_bf16_from_fp32-ties]"],
+    ),
+    # the carrier's bias MMA loses the bias's second part (B's k row 1 zero instead of 2^-11)
+    "carrier_bias_part_dropped": (
+        "return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f);",
+        "return __float2half_rn(kk == 1 ? 0.f : kk == 2 ? 0x1p-22f : 1.f);",
+        ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-rand]"],
+    ),
     # fminf drops NaN: min(NaN, x) = x
     "min_drops_nan": (
         'asm("min.NaN.f32 %0, %1, %2;\\n" : "=f"(r) : "f"(a), "f"(b));',
@@ -319,8 +332,8 @@ MUTANTS = {
     ),
     # wgmma 16-bit: the bias k-step's A holds the bias in every k column, so each channel gets its bias 16 times
     "wgmma_bias_in_every_k_column": (
-        "            } else if (kk == 0) {\n              v = bias;",
-        "            } else {\n              v = bias;",
+        "      return kk == 0 ? bias : convert<M>(0.f);",
+        "      return bias;",
         [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "2x16x67x67")],
     ),
     # wgmma 16-bit, the paired write: the pair's second pixel (kWarpgroup columns on) is never stored

@@ -398,9 +398,17 @@ __device__ __forceinline__ void split_tf32_weight(float v, float& big, float& sm
 // (at most 2 bits). A NaN or an infinity is the first part alone (a NaN the canonical one, as split_tf32 makes it).
 // Below |v| = 2^-113 a part can be subnormal with bits TF32 does not keep: the bias added is then off by less than
 // 2^-136. Host code too: a CPU test checks it on every float (test_split_tf32_bias_on_every_float).
+// Device code reinterprets by the intrinsics, not memcpy: a host compiler that defines _FORTIFY_SOURCE by default
+// (Ubuntu's gcc) turns memcpy into its checked form in the device code too, and the TF32 carrier's machine code then
+// depended on which host compiler built it.
 __host__ __device__ __forceinline__ void split_tf32_bias(float v, float (&part)[3]) {
+#ifdef __CUDA_ARCH__
+  const auto bits = [](float f) { return __float_as_uint(f); };
+  const auto of = [](uint32_t u) { return __uint_as_float(u); };
+#else
   const auto bits = [](float f) { uint32_t u; memcpy(&u, &f, sizeof(u)); return u; };
   const auto of = [](uint32_t u) { float f; memcpy(&f, &u, sizeof(f)); return f; };
+#endif
   part[0] = (v == v) ? of(bits(v) & 0xFFFFE000u) : of(0x7FFFFFFFu);
   const float rest = isfinite(v) ? v - part[0] : 0.f;
   part[1] = of(bits(rest) & 0xFFFFE000u);

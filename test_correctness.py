@@ -2146,14 +2146,24 @@ def _distribution(kind, shape, seed):
     if kind == "subnormal":
         return torch.rand(shape, generator=gen, device="cuda") * 6e-5
     if kind == "ties":
-        k = torch.randint(0, 1024, shape, generator=gen, device="cuda").float()
-        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
-        return sign * (1 + (2 * k + 1) * 2.0 ** -11)
+        return _ties(shape, gen, 10)
     if kind == "wide":
-        e = torch.rand(shape, generator=gen, device="cuda") * 22 - 14
-        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
-        return sign * torch.exp2(e)
+        return _log_uniform(shape, gen, -14, 8)
     raise ValueError(kind)
+
+
+def _ties(shape, gen, bits):
+    """Signed values in [1, 2) halfway between two neighbours of a type with `bits` mantissa bits."""
+    k = torch.randint(0, 2 ** bits, shape, generator=gen, device="cuda").float()
+    sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+    return sign * (1 + (2 * k + 1) * 2.0 ** -(bits + 1))
+
+
+def _log_uniform(shape, gen, lo, hi):
+    """Signed magnitudes 2^lo .. 2^hi, log-uniform."""
+    e = torch.rand(shape, generator=gen, device="cuda") * (hi - lo) + lo
+    sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
+    return sign * torch.exp2(e)
 
 
 @needs_cuda
@@ -2298,20 +2308,13 @@ def _cast_input_distribution(kind, shape, seed, dtype):
     (magnitudes 2^-30 .. 2^17: fp16 subnormals, flushes and overflows); special (+-inf, NaN, 65504, 65519.99 and
     65520 (fp16's largest, the last value that rounds to it, the first that overflows), 1e-30, mixed into one row, one
     image, and across images)."""
+    if kind in ("rand", "normal"):
+        return _distribution(kind, shape, seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    if kind == "rand":
-        return torch.rand(shape, generator=gen, device="cuda")
-    if kind == "normal":
-        return torch.randn(shape, generator=gen, device="cuda")
     if kind == "ties":
-        bits = 7 if dtype == torch.bfloat16 else 10
-        k = torch.randint(0, 2 ** bits, shape, generator=gen, device="cuda").float()
-        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
-        return sign * (1 + (2 * k + 1) * 2.0 ** -(bits + 1))
+        return _ties(shape, gen, 7 if dtype == torch.bfloat16 else 10)
     if kind == "wide":
-        e = torch.rand(shape, generator=gen, device="cuda") * 47 - 30
-        sign = torch.randint(0, 2, shape, generator=gen, device="cuda").float() * 2 - 1
-        return sign * torch.exp2(e)
+        return _log_uniform(shape, gen, -30, 17)
     if kind == "special":
         x = torch.rand(shape, generator=gen, device="cuda")
         values = [float("inf"), float("-inf"), float("nan"), 65504.0, 65519.99, 65520.0, -65520.0, 1e-30]

@@ -70,8 +70,8 @@ GUARDED_TAGS = ("Tf32OnF16",)
 GUARD_TAGS = ("Tf32RoundNearest",)
 # The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
 # `using` line of FusedTraits (csrc/generated/fused_table.cuh), an entry of the launcher table and of the
-# requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision that
-# the GPU can launch).
+# requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision and
+# input dtype that the GPU can launch).
 # mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); operand: what the tensor cores
 # multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
@@ -1536,7 +1536,7 @@ struct MmaSyncMainloop {
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
   // (docs/perf-notes.md, "Producer and loads").
-  // Tf32OnF16 first finds the weights' scale (the bias is staged times it), and raises its scratch flag where a weight
+  // Tf32OnF16 first finds the scale of the weights and the bias (the bias is staged times it), and raises its scratch flag where a weight
   // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
@@ -1851,18 +1851,19 @@ struct WgmmaMainloop {
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
   // The bias enters through the tensor cores as one more k-step after the others: A = the bias in its first k
-  // columns and zeros in the others, B = a tile of ones (both staged with the weights). 16-bit: the bias in k column
-  // 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum is the fp32 bias (exactly
-  // where |bias| >= 2^-113). The products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their
+  // columns and zeros in the others, B = the tag's ones (both staged with the weights; Precision::bias_part, ones).
+  // 16-bit: the bias in k column 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum
+  // is the fp32 bias (exactly where |bias| >= 2^-113). TF32 on fp16 operands: the scaled bias as three fp16 parts
+  // against B rows 1, 2^-11, 2^-22. The products (part x its B value, 0 x B) are exact; the tensor cores add them into D with their
   // own fp32 accumulation, which may differ from an fp32 add in the last bit (the saving and inference variants
   // share it, so their outputs stay equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that
   // wait for the MMAs (docs/perf-notes.md, "Bias through the tensor cores"). Tf32x3 starts its accumulators from the
   // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
-  // kOnesStride bytes apart (overlapping), so the MMA reads ones wherever it looks (a whole N x K tile would not fit
-  // beside TF32's five slots).
+  // B of the bias k-step, N x K, needs no layout: its descriptor's core matrices, along K and along N, are
+  // kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 .. kGroupChannels - 1 of one
+  // column, the same pattern wherever it looks (a whole N x K tile would not fit beside TF32's five slots).
   static constexpr int kOnesStride = 16;
   static constexpr int kOnesBytes = kBiasByMma ? (Geometry::kTileCols / 8) * kOnesStride + 128 : 0;
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
@@ -1905,7 +1906,7 @@ struct WgmmaMainloop {
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
-  // Tf32OnF16 first finds the weights' scale, and raises its scratch flag where a weight or the bias does not carry
+  // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
   // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
@@ -3752,7 +3753,7 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
   return choose(x, weight, backend).kernel;
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the weights' element type (x's, but in a cast-input call). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
 // two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
 // operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
@@ -3813,16 +3814,17 @@ bool fused_kernel_launches(int64_t kernel) {
   return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
 }
 
-// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
-// precision and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
+// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
 // or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
 // [1, 1 + N) which (an undefined tensor for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
                                                             const at::Tensor& bias, int64_t kernel, bool with_guard) {
+  const at::ScalarType w = weight.scalar_type();
+  check_input(x, weight, bias, x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf));
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
                         num(kernel));
-  check_input(x, weight, bias, x.scalar_type() != weight.scalar_type());
   const std::string name = kb25::kFusedKernelNames[kernel];
   TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) &&
                         precision_of(weight.scalar_type()) == kb25::kFusedKernelPrecision[kernel] &&
@@ -4273,10 +4275,12 @@ def _autocast_cast(t, dtype, device_type):
 
 def _casts_in_kernel(x, weight, bias):
     """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
-    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode, and
-    nothing for autograd to record (the call skips the op and its autograd formula)."""
+    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode with
+    nothing watching the dispatcher below autocast (no torch.jit.trace, no TorchDispatchMode such as make_fx's: the
+    call skips the op, so they would not see it), and nothing for autograd to record (nor its autograd formula)."""
     return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
             and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
 
 

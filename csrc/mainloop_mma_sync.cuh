@@ -57,7 +57,7 @@ struct MmaSyncMainloop {
   // A loop of one load and one store (kThreads unused): with stage_batched, as the wgmma mainloop stages, ptxas
   // scheduled the self-fed 16-bit kernel's loop otherwise (245 registers instead of 243) and sm80_bf16 ran 8% slower
   // (docs/perf-notes.md, "Producer and loads").
-  // Tf32OnF16 first finds the weights' scale (the bias is staged times it), and raises its scratch flag where a weight
+  // Tf32OnF16 first finds the scale of the weights and the bias (the bias is staged times it), and raises its scratch flag where a weight
   // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {

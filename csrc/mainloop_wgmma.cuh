@@ -61,18 +61,19 @@ struct WgmmaMainloop {
   static constexpr int kAKBytes = Geometry::kCout * 16;
   static constexpr int kAStepBytes = 2 * kAKBytes;
   // The bias enters through the tensor cores as one more k-step after the others: A = the bias in its first k
-  // columns and zeros in the others, B = a tile of ones (both staged with the weights). 16-bit: the bias in k column
-  // 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum is the fp32 bias (exactly
-  // where |bias| >= 2^-113). The products (part x 1, 0 x 1) are exact; the tensor cores add them into D with their
+  // columns and zeros in the others, B = the tag's ones (both staged with the weights; Precision::bias_part, ones).
+  // 16-bit: the bias in k column 0. TF32: the bias as three TF32 parts in k columns 0..2 (split_tf32_bias), whose sum
+  // is the fp32 bias (exactly where |bias| >= 2^-113). TF32 on fp16 operands: the scaled bias as three fp16 parts
+  // against B rows 1, 2^-11, 2^-22. The products (part x its B value, 0 x B) are exact; the tensor cores add them into D with their
   // own fp32 accumulation, which may differ from an fp32 add in the last bit (the saving and inference variants
   // share it, so their outputs stay equal). finish() adds nothing: one MMA a step instead of 128 adds a thread that
   // wait for the MMAs (docs/perf-notes.md, "Bias through the tensor cores"). Tf32x3 starts its accumulators from the
   // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  // B of the bias k-step, N x K of ones, needs no layout: its descriptor's core matrices, along K and along N, are
-  // kOnesStride bytes apart (overlapping), so the MMA reads ones wherever it looks (a whole N x K tile would not fit
-  // beside TF32's five slots).
+  // B of the bias k-step, N x K, needs no layout: its descriptor's core matrices, along K and along N, are
+  // kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 .. kGroupChannels - 1 of one
+  // column, the same pattern wherever it looks (a whole N x K tile would not fit beside TF32's five slots).
   static constexpr int kOnesStride = 16;
   static constexpr int kOnesBytes = kBiasByMma ? (Geometry::kTileCols / 8) * kOnesStride + 128 : 0;
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
@@ -115,7 +116,7 @@ struct WgmmaMainloop {
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
-  // Tf32OnF16 first finds the weights' scale, and raises its scratch flag where a weight or the bias does not carry
+  // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
   // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {

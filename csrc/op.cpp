@@ -238,7 +238,7 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
   return choose(x, weight, backend).kernel;
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the element type of x. With `save`, the kernel also writes
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the weights' element type (x's, but in a cast-input call). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
 // two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
 // operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
@@ -299,16 +299,17 @@ bool fused_kernel_launches(int64_t kernel) {
   return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
 }
 
-// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute this input's
-// precision and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
+// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
 // or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
 // [1, 1 + N) which (an undefined tensor for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
                                                             const at::Tensor& bias, int64_t kernel, bool with_guard) {
+  const at::ScalarType w = weight.scalar_type();
+  check_input(x, weight, bias, x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf));
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
                         num(kernel));
-  check_input(x, weight, bias, x.scalar_type() != weight.scalar_type());
   const std::string name = kb25::kFusedKernelNames[kernel];
   TORCH_CHECK_VALUE(x.is_cuda() && fused_shape(x, weight) &&
                         precision_of(weight.scalar_type()) == kb25::kFusedKernelPrecision[kernel] &&

@@ -70,8 +70,8 @@ GUARDED_TAGS = ("Tf32OnF16",)
 GUARD_TAGS = ("Tf32RoundNearest",)
 # The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
 # `using` line of FusedTraits (csrc/generated/fused_table.cuh), an entry of the launcher table and of the
-# requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision that
-# the GPU can launch).
+# requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision and
+# input dtype that the GPU can launch).
 # mma: "wgmma" (sm_90 only, code built for sm_90a) or "mma_sync" (any sm_80+ GPU); operand: what the tensor cores
 # multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the

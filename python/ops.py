@@ -306,10 +306,12 @@ def _autocast_cast(t, dtype, device_type):
 
 def _casts_in_kernel(x, weight, bias):
     """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
-    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode, and
-    nothing for autograd to record (the call skips the op and its autograd formula)."""
+    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode with
+    nothing watching the dispatcher below autocast (no torch.jit.trace, no TorchDispatchMode such as make_fx's: the
+    call skips the op, so they would not see it), and nothing for autograd to record (nor its autograd formula)."""
     return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
             and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
 
 

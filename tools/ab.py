@@ -63,7 +63,14 @@ def items(mod, kernels):
     for row in mod.FUSED_TABLE:
         if row.name not in kernels:
             continue
-        out[(row.name, "inference")] = (row.precision, lambda x, w, b, n=row.name: mod.run_fused_kernel(x, w, b, n))
+        input_dtype = mod.INPUT_DTYPES[row.input] if hasattr(row, "input") else None
+
+        def inference(x, w, b, n=row.name, input_dtype=input_dtype):
+            return mod.run_fused_kernel(x if input_dtype is None else x.to(input_dtype), w, b, n)
+
+        out[(row.name, "inference")] = (row.precision, inference)
+        if getattr(row, "input", row.precision) != row.precision and row.precision in ("bf16", "fp16"):
+            continue  # a kernel that rounds float32 x: autocast's inference call only, no saving variant runs
         backend, profile = route(row.name)
         code = mod.OP_BACKENDS.index(backend)
 

@@ -2127,9 +2127,10 @@ def _guarded_or_skip(name):
         pytest.skip(f"{name} does not launch on this GPU")
 
 
-def _signed_rand(shape, seed, scale=1.0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return (torch.rand(shape, generator=gen, device="cuda") * 2 - 1) * scale
+def _bit_equal(a, b):
+    """The same dtype and the same values, NaN where the other has NaN (a NaN's payload aside)."""
+    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a),
+                                                                                     torch.nan_to_num(b))
 
 
 def _distribution(kind, shape, seed):
@@ -2220,8 +2221,7 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
     tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
     for n in range(x.shape[0]):
         if n in listed:
-            assert torch.equal(full[n].isnan(), tf32[n].isnan()) and torch.equal(
-                torch.nan_to_num(full[n]), torch.nan_to_num(tf32[n])), n
+            assert _bit_equal(full[n], tf32[n]), n
             assert not torch.equal(torch.nan_to_num(raw[n]), torch.nan_to_num(full[n])), n
         else:
             assert torch.equal(raw[n], full[n]), n
@@ -2258,7 +2258,7 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
     tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
     if case in ("wide", "nan_weight", "nan_bias"):
         assert sorted(listed.tolist()) == [0, 1, 2]
-        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(tf32)) and torch.equal(out.isnan(), tf32.isnan())
+        assert _bit_equal(out, tf32)
     else:
         assert listed.numel() == 0
         scale = float(tf32.abs().max()) or 1.0
@@ -2288,7 +2288,7 @@ def test_guard_runs_in_one_stream_under_cuda_graphs(tf32_default):
         graph.replay()
         with torch.no_grad():
             want = new(fresh)
-        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(want)) and torch.equal(out.isnan(), want.isnan())
+        assert _bit_equal(out, want)
 
 
 # ------------------------------------------------------------------------------ autocast: x rounded by the kernel
@@ -2323,11 +2323,6 @@ def _cast_input_distribution(kind, shape, seed, dtype):
         x[0, 1, 2, :4] = torch.tensor(values[:4])  # several in one row
         return x
     raise ValueError(kind)
-
-
-def _bit_equal(a, b):
-    return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a),
-                                                                                     torch.nan_to_num(b))
 
 
 @needs_cuda

@@ -116,13 +116,17 @@ int precision_of(at::ScalarType dtype) {
   }
 }
 
-// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
-// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call (a
-// float32 x and 16-bit weights), whose x the kernel rounds to the weights' dtype.
-std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+// A cast-input call (conv_min_tanh2_cast_input): a float32 x that the kernel rounds to the 16-bit weights' dtype.
+bool casts_input(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType w = weight.scalar_type();
-  const bool cast_input = x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
-  const int precision = precision_of(cast_input ? w : x.scalar_type());
+  return x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
+}
+
+// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
+// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call,
+// where the weights' does.
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  const int precision = precision_of(casts_input(x, weight) ? weight.scalar_type() : x.scalar_type());
   if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
   const kb25::DeviceProfile device = device_profile(x.get_device());
   const int kernel = choose_fused_kernel(precision, elem_code(x.scalar_type()), device, mma_sync_only);
@@ -305,8 +309,7 @@ bool fused_kernel_launches(int64_t kernel) {
 // [1, 1 + N) which (an undefined tensor for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
                                                             const at::Tensor& bias, int64_t kernel, bool with_guard) {
-  const at::ScalarType w = weight.scalar_type();
-  check_input(x, weight, bias, x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf));
+  check_input(x, weight, bias, casts_input(x, weight));
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
                         num(kernel));

@@ -76,10 +76,10 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
 # warps that load the rows for them (0: each consumer loads its own, mma.sync only); write: how a consumer's steps
-# reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (16-bit wgmma: it stages
-# each step's packed minima in one of `write_buffers` buffers and its producer threads write them); write_buffers:
-# the staged buffers a consumer cycles through (0 where mma.sync writes from registers). docs/design.md says why each
-# row is what it is.
+# reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (wgmma: it stages each
+# step's minima, 16-bit ones packed, in one of `write_buffers` buffers and its producer threads write them);
+# write_buffers: the staged buffers a consumer cycles through (0 where mma.sync writes from registers).
+# docs/design.md says why each row is what it is.
 class FusedKernel(collections.namedtuple(
         "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
@@ -89,7 +89,7 @@ class FusedKernel(collections.namedtuple(
 
 FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
-    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "inline", 2),
+    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
@@ -507,9 +507,10 @@ struct RowCursor {
 };
 
 // How a consumer's steps reach memory (FUSED_TABLE's write and write_buffers columns). kInline: the consumer writes
-// each step itself, while the next step's MMAs run. kHanded (16-bit wgmma): its inference variant stages each step's
-// minima, packed two to a word, into one of kBuffers buffers, and its producer threads write them (HandedWrites); the
-// saving variant of the same kernel writes inline from the same shared-memory layout.
+// each step itself, while the next step's MMAs run. kHanded (wgmma): its inference variant stages each step's minima
+// (16-bit: packed two to a word; TF32 on fp16 operands: the butterfly's fp32 minima of the 4 warps) into one of
+// kBuffers buffers, and its producer threads write them (HandedWrites); the saving variant of the same kernel writes
+// inline from the same shared-memory layout.
 enum class WriteSchedule { kInline, kHanded };
 template <WriteSchedule kWrite, int kBuffers_>
 struct Schedule {
@@ -2011,8 +2012,9 @@ namespace kb25 {
 // the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
 // barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
-// every thread reaches after reading it. The 16-bit inference kernels (kHandsOff) hand the write to the producer's
-// threads instead (write_handed, HandedWrites), through kStages buffers with mbarriers.
+// every thread reaches after reading it. The handed inference kernels (kHandsOff: 16-bit, and TF32 on fp16 operands)
+// hand the write to the producer's threads instead (write_handed, HandedWrites), through kStages buffers with
+// mbarriers.
 // - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
@@ -2034,9 +2036,10 @@ struct WgmmaEpilogue {
   static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
-  // 16-bit, not saving: minima rounded to the element type, two to a word (Precision::pack2 / min2), staged.
-  static constexpr bool kPacked = !kSave && Schedule::kHanded;
-  static_assert(!Schedule::kHanded || sizeof(Elem) == 2, "packed minima are 16-bit");
+  // A handed schedule's staged buffers: 16-bit elements stage their minima rounded to the element type, two to a
+  // word (Precision::pack2 / min2); fp32 elements (TF32 on fp16 operands) stage the butterfly's fp32 minima.
+  static constexpr bool kStagesPacked = Schedule::kHanded && sizeof(Elem) == 2;
+  static constexpr bool kPacked = !kSave && kStagesPacked;
   // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
   // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
   // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
@@ -2046,13 +2049,15 @@ struct WgmmaEpilogue {
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
-  // A staged buffer: 16 bytes a pixel pair (p, p + kTileCols / 2) and warp.
-  static constexpr int kStageBytes = kTileCols / 2 * 4 * 16;
-  // kHandsOff (the packed kernels): the consumer only stages a step's minima; its producer threads write the step
-  // (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have staged
-  // it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer writes
-  // each step itself under the next step's MMAs, from two buffers.
-  static constexpr bool kHandsOff = kPacked;
+  // A staged buffer: packed, 16 bytes a pixel pair (p, p + kTileCols / 2) and warp; else one butterfly buffer (the
+  // 4 warps' minima of each pixel: staging the minima before the butterfly's last step or two, 8 or 16 a pixel, was
+  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write").
+  static constexpr int kStageBytes = kStagesPacked ? kTileCols / 2 * 4 * 16 : kBufferFloats * 4;
+  // kHandsOff (the handed inference variants): the consumer only stages a step's minima; its producer threads write
+  // the step (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have
+  // staged it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer
+  // writes each step itself under the next step's MMAs, from two buffers.
+  static constexpr bool kHandsOff = !kSave && Schedule::kHanded;
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
@@ -2064,8 +2069,8 @@ struct WgmmaEpilogue {
   uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
   const int barrier_id, ctid;
   int turn = 0;
-  uint32_t staged = 0;
-  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
         barrier_id(1 + consumer), ctid(ctid_) {}
@@ -2119,7 +2124,7 @@ struct WgmmaEpilogue {
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
   // minima packed, folded once across lane pairs and staged, or the butterfly and the warp's minima (and their
-  // channels within the warp, kSave), into this step's buffer.
+  // channels within the warp, kSave), into this step's buffer (kHandsOff: staged for the producer's threads).
   __device__ Partial reduce(const typename Mainloop::Accum& acc) {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -2152,12 +2157,20 @@ struct WgmmaEpilogue {
         stmatrix_x4_trans(at + s * 2048, u[4 * s], u[4 * s + 1], u[4 * s + 2], u[4 * s + 3]);
       mbarrier_arrive(stage_full(staged));
       ++staged;
+    } else if constexpr (kHandsOff) {
+      mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);
+      reduce_unpacked(acc, g, t, warp, first, staged % kStages);
+      mbarrier_arrive(stage_full(staged));
+      ++staged;
     } else {
-      reduce_unpacked(acc, g, t, warp, first);
+      reduce_unpacked(acc, g, t, warp, first, turn);
     }
     return {};
   }
-  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first) const {
+  // The min over the thread's two channels and the butterfly, into butterfly buffer `buffer` (kBufferFloats floats
+  // each; the channels at red_channel, kSave).
+  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first,
+                                  int buffer) const {
     float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
     uint32_t ch[kChannelWords];
 #pragma unroll
@@ -2182,8 +2195,8 @@ struct WgmmaEpilogue {
     fold<kNBlocks>(v, ch, g & 1, 4);
     fold<kNBlocks / 2>(v, ch, (g >> 1) & 1, 8);
     fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);
-    float* const row = red + turn * kBufferFloats + warp * kRedPitch;
-    unsigned char* const row_ch = red_channel + turn * kBufferFloats + warp * kRedPitch;
+    float* const row = red + buffer * kBufferFloats + warp * kRedPitch;
+    unsigned char* const row_ch = red_channel + buffer * kBufferFloats + warp * kRedPitch;
 #pragma unroll
     for (int i = 0; i < kFinal; i += 2) {
       const int pixel = 8 * ((first + i) / 2) + 2 * t;
@@ -2235,14 +2248,29 @@ struct WgmmaEpilogue {
     if (col + Geometry::kWarpgroup < OW)
       dst.out[col + Geometry::kWarpgroup] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[1])));
   }
-  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it, the
-  // pairs p = ptid, ptid + kPairsApart, ... each.
-  template <int kPairsApart>
+  // The fp32 minima of pixel `at` (skewed) over the 4 warps of a butterfly buffer, unscaled: the pixel's min.
+  __device__ float min_of_warps(const float* buffer, int at) const {
+    return Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                                      nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
+                              out_scale);
+  }
+  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it:
+  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima, the pixels p = ptid, ptid + kApart, ...
+  template <int kApart>
   __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
     mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
     const unsigned char* const buffer = stage_buffer(staged);
+    if constexpr (kPacked) {
 #pragma unroll
-    for (int p = ptid; p < kTileCols / 2; p += kPairsApart) write_pair(buffer, dst, col0, OW, p);
+      for (int p = ptid; p < kTileCols / 2; p += kApart) write_pair(buffer, dst, col0, OW, p);
+    } else {
+      const float* const minima = reinterpret_cast<const float*>(buffer);
+#pragma unroll
+      for (int p = ptid; p < kTileCols; p += kApart) {
+        const int col = col0 + p;
+        if (col < OW) dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(min_of_warps(minima, skewed(p))));
+      }
+    }
     mbarrier_arrive(stage_empty(staged));
     ++staged;
   }
@@ -2270,11 +2298,9 @@ struct WgmmaEpilogue {
             dst.argmin[col] = (unsigned char)channel;
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-            if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));
+            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                                           nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
-                                   out_scale);
+            m = min_of_warps(buffer, at);
           }
           dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }
@@ -2396,6 +2422,32 @@ struct RowProducer {
                                                      __byte_perm(w[4][q], w[5][q], sel),
                                                      __byte_perm(w[6][q], w[7][q], sel)));
       }
+    } else if constexpr (kNarrows) {
+      // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
+      // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
+      const int r = (chunk >> 1) & 3;
+      uint32_t q[4][4];  // [column][channel pair]
+      uint32_t range = 0;
+#pragma unroll
+      for (int col = 0; col < 4; ++col) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
+          range |= Precision::out_of_range(q[col][k]);
+        }
+      }
+      const bool half = r & 2, one = r & 1;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        uint32_t v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
+          v[k] = one ? h1 : h0;
+        }
+        *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+      }
+      return range;
     } else {
       // One 4-column piece: lane starts at column r = chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
       // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
@@ -2412,28 +2464,13 @@ struct RowProducer {
         w[c][2] = one ? h3 : h2;
         w[c][3] = one ? h0 : h3;
       }
-      if constexpr (kNarrows) {
-        // Column (jj + r) & 3's 8 channels, two to a word (Precision::narrow2: rounded to TF32, as fp16).
-        uint32_t range = 0;
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          uint32_t q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            q[k] = Precision::narrow2(w[2 * k][jj], w[2 * k + 1][jj]);
-            range |= Precision::out_of_range(q[k]);
-          }
-          *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(q[0], q[1], q[2], q[3]);
-        }
-        return range;
-      } else {
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
-      }
+      for (int jj = 0; jj < 4; ++jj)
+        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
     }
     return 0;
   }
+  __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
   // turn, zero past the row's end; slow, and next to no registers.
@@ -2729,7 +2766,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
 
 namespace kb25 {
 
-using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kInline, 2>>;
+using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
@@ -3041,6 +3078,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
         HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
                                     begin, end, out, OH, OW, col_blocks, images);
+        writer.epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
         produce(writer);
       } else {
         NoWrites writer;

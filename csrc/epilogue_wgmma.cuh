@@ -12,8 +12,9 @@ namespace kb25 {
 // the accumulators and leaves partial minima in the step's buffer in shared memory; write() (the consumer's named
 // barrier, the rest of the min, tanh, tanh, store) runs one step later, while the next step's MMAs are in flight.
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
-// every thread reaches after reading it. The 16-bit inference kernels (kHandsOff) hand the write to the producer's
-// threads instead (write_handed, HandedWrites), through kStages buffers with mbarriers.
+// every thread reaches after reading it. The handed inference kernels (kHandsOff: 16-bit, and TF32 on fp16 operands)
+// hand the write to the producer's threads instead (write_handed, HandedWrites), through kStages buffers with
+// mbarriers.
 // - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
@@ -35,9 +36,10 @@ struct WgmmaEpilogue {
   static constexpr int kFinal = 2 * kNBlocks / 8;  // pixels per lane after the butterfly
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
-  // 16-bit, not saving: minima rounded to the element type, two to a word (Precision::pack2 / min2), staged.
-  static constexpr bool kPacked = !kSave && Schedule::kHanded;
-  static_assert(!Schedule::kHanded || sizeof(Elem) == 2, "packed minima are 16-bit");
+  // A handed schedule's staged buffers: 16-bit elements stage their minima rounded to the element type, two to a
+  // word (Precision::pack2 / min2); fp32 elements (TF32 on fp16 operands) stage the butterfly's fp32 minima.
+  static constexpr bool kStagesPacked = Schedule::kHanded && sizeof(Elem) == 2;
+  static constexpr bool kPacked = !kSave && kStagesPacked;
   // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
   // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
   // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
@@ -47,13 +49,15 @@ struct WgmmaEpilogue {
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
-  // A staged buffer: 16 bytes a pixel pair (p, p + kTileCols / 2) and warp.
-  static constexpr int kStageBytes = kTileCols / 2 * 4 * 16;
-  // kHandsOff (the packed kernels): the consumer only stages a step's minima; its producer threads write the step
-  // (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have staged
-  // it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer writes
-  // each step itself under the next step's MMAs, from two buffers.
-  static constexpr bool kHandsOff = kPacked;
+  // A staged buffer: packed, 16 bytes a pixel pair (p, p + kTileCols / 2) and warp; else one butterfly buffer (the
+  // 4 warps' minima of each pixel: staging the minima before the butterfly's last step or two, 8 or 16 a pixel, was
+  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write").
+  static constexpr int kStageBytes = kStagesPacked ? kTileCols / 2 * 4 * 16 : kBufferFloats * 4;
+  // kHandsOff (the handed inference variants): the consumer only stages a step's minima; its producer threads write
+  // the step (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have
+  // staged it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer
+  // writes each step itself under the next step's MMAs, from two buffers.
+  static constexpr bool kHandsOff = !kSave && Schedule::kHanded;
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
@@ -65,8 +69,8 @@ struct WgmmaEpilogue {
   uint64_t* const stage_bars;  // kHandsOff: (full, empty) per staged buffer
   const int barrier_id, ctid;
   int turn = 0;
-  uint32_t staged = 0;
-  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  uint32_t staged = 0;  // kHandsOff: steps staged (the consumer) or written (the producer) so far
+  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   __device__ WgmmaEpilogue(unsigned char* smem, int consumer, int ctid_, uint64_t* stage_bars_ = nullptr)
       : red(reinterpret_cast<float*>(smem)), red_channel(smem + 2 * kBufferFloats * 4), stage_bars(stage_bars_),
         barrier_id(1 + consumer), ctid(ctid_) {}
@@ -120,7 +124,7 @@ struct WgmmaEpilogue {
   struct Partial {};
   // The part that reads the accumulators: the min over the thread's two channels, then either (kPacked) those
   // minima packed, folded once across lane pairs and staged, or the butterfly and the warp's minima (and their
-  // channels within the warp, kSave), into this step's buffer.
+  // channels within the warp, kSave), into this step's buffer (kHandsOff: staged for the producer's threads).
   __device__ Partial reduce(const typename Mainloop::Accum& acc) {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -153,12 +157,20 @@ struct WgmmaEpilogue {
         stmatrix_x4_trans(at + s * 2048, u[4 * s], u[4 * s + 1], u[4 * s + 2], u[4 * s + 3]);
       mbarrier_arrive(stage_full(staged));
       ++staged;
+    } else if constexpr (kHandsOff) {
+      mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);
+      reduce_unpacked(acc, g, t, warp, first, staged % kStages);
+      mbarrier_arrive(stage_full(staged));
+      ++staged;
     } else {
-      reduce_unpacked(acc, g, t, warp, first);
+      reduce_unpacked(acc, g, t, warp, first, turn);
     }
     return {};
   }
-  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first) const {
+  // The min over the thread's two channels and the butterfly, into butterfly buffer `buffer` (kBufferFloats floats
+  // each; the channels at red_channel, kSave).
+  __device__ void reduce_unpacked(const typename Mainloop::Accum& acc, int g, int t, int warp, int first,
+                                  int buffer) const {
     float v[2 * kNBlocks];  // v[2j + e]: pixel 8j + 2t + e
     uint32_t ch[kChannelWords];
 #pragma unroll
@@ -183,8 +195,8 @@ struct WgmmaEpilogue {
     fold<kNBlocks>(v, ch, g & 1, 4);
     fold<kNBlocks / 2>(v, ch, (g >> 1) & 1, 8);
     fold<kNBlocks / 4>(v, ch, (g >> 2) & 1, 16);
-    float* const row = red + turn * kBufferFloats + warp * kRedPitch;
-    unsigned char* const row_ch = red_channel + turn * kBufferFloats + warp * kRedPitch;
+    float* const row = red + buffer * kBufferFloats + warp * kRedPitch;
+    unsigned char* const row_ch = red_channel + buffer * kBufferFloats + warp * kRedPitch;
 #pragma unroll
     for (int i = 0; i < kFinal; i += 2) {
       const int pixel = 8 * ((first + i) / 2) + 2 * t;
@@ -236,14 +248,29 @@ struct WgmmaEpilogue {
     if (col + Geometry::kWarpgroup < OW)
       dst.out[col + Geometry::kWarpgroup] = convert<Elem>(tanh2<Precision::kTanhApprox>(convert<float>(e[1])));
   }
-  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it, the
-  // pairs p = ptid, ptid + kPairsApart, ... each.
-  template <int kPairsApart>
+  // The fp32 minima of pixel `at` (skewed) over the 4 warps of a butterfly buffer, unscaled: the pixel's min.
+  __device__ float min_of_warps(const float* buffer, int at) const {
+    return Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
+                                      nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
+                              out_scale);
+  }
+  // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it:
+  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima, the pixels p = ptid, ptid + kApart, ...
+  template <int kApart>
   __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
     mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
     const unsigned char* const buffer = stage_buffer(staged);
+    if constexpr (kPacked) {
 #pragma unroll
-    for (int p = ptid; p < kTileCols / 2; p += kPairsApart) write_pair(buffer, dst, col0, OW, p);
+      for (int p = ptid; p < kTileCols / 2; p += kApart) write_pair(buffer, dst, col0, OW, p);
+    } else {
+      const float* const minima = reinterpret_cast<const float*>(buffer);
+#pragma unroll
+      for (int p = ptid; p < kTileCols; p += kApart) {
+        const int col = col0 + p;
+        if (col < OW) dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(min_of_warps(minima, skewed(p))));
+      }
+    }
     mbarrier_arrive(stage_empty(staged));
     ++staged;
   }
@@ -271,11 +298,9 @@ struct WgmmaEpilogue {
             dst.argmin[col] = (unsigned char)channel;
             dst.pre_min[col] = m;
             // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-            if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));
+            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = Precision::unscale(nan_min(nan_min(buffer[at], buffer[kRedPitch + at]),
-                                           nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
-                                   out_scale);
+            m = min_of_warps(buffer, at);
           }
           dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }

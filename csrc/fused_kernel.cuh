@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
         HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
                                     begin, end, out, OH, OW, col_blocks, images);
+        writer.epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
         produce(writer);
       } else {
         NoWrites writer;

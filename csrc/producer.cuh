@@ -111,6 +111,32 @@ struct RowProducer {
                                                      __byte_perm(w[4][q], w[5][q], sel),
                                                      __byte_perm(w[6][q], w[7][q], sel)));
       }
+    } else if constexpr (kNarrows) {
+      // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
+      // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
+      const int r = (chunk >> 1) & 3;
+      uint32_t q[4][4];  // [column][channel pair]
+      uint32_t range = 0;
+#pragma unroll
+      for (int col = 0; col < 4; ++col) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
+          range |= Precision::out_of_range(q[col][k]);
+        }
+      }
+      const bool half = r & 2, one = r & 1;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        uint32_t v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
+          v[k] = one ? h1 : h0;
+        }
+        *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+      }
+      return range;
     } else {
       // One 4-column piece: lane starts at column r = chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
       // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
@@ -127,28 +153,13 @@ struct RowProducer {
         w[c][2] = one ? h3 : h2;
         w[c][3] = one ? h0 : h3;
       }
-      if constexpr (kNarrows) {
-        // Column (jj + r) & 3's 8 channels, two to a word (Precision::narrow2: rounded to TF32, as fp16).
-        uint32_t range = 0;
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          uint32_t q[4];
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            q[k] = Precision::narrow2(w[2 * k][jj], w[2 * k + 1][jj]);
-            range |= Precision::out_of_range(q[k]);
-          }
-          *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(q[0], q[1], q[2], q[3]);
-        }
-        return range;
-      } else {
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
-      }
+      for (int jj = 0; jj < 4; ++jj)
+        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
     }
     return 0;
   }
+  __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
   // turn, zero past the row's end; slow, and next to no registers.

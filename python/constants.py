@@ -76,10 +76,10 @@ GUARD_TAGS = ("Tf32RoundNearest",)
 # multiply, input: x's dtype (PRECISION_TAGS); tile_cols: output pixels per
 # step; consumers: MMA warpgroups per CTA, each with its own ring of `ring` input-row slots; producer_warps: the
 # warps that load the rows for them (0: each consumer loads its own, mma.sync only); write: how a consumer's steps
-# reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (16-bit wgmma: it stages
-# each step's packed minima in one of `write_buffers` buffers and its producer threads write them); write_buffers:
-# the staged buffers a consumer cycles through (0 where mma.sync writes from registers). docs/design.md says why each
-# row is what it is.
+# reach memory, "inline" (it writes each step itself, under the next step's MMAs) or "handed" (wgmma: it stages each
+# step's minima, 16-bit ones packed, in one of `write_buffers` buffers and its producer threads write them);
+# write_buffers: the staged buffers a consumer cycles through (0 where mma.sync writes from registers).
+# docs/design.md says why each row is what it is.
 class FusedKernel(collections.namedtuple(
         "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
@@ -89,7 +89,7 @@ class FusedKernel(collections.namedtuple(
 
 FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
-    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "inline", 2),
+    FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),

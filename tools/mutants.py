@@ -182,7 +182,7 @@ MUTANTS = {
     ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (
-        "            if constexpr (Schedule::kHanded) m = convert<float>(convert<Elem>(m));\n",
+        "            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));\n",
         "",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
@@ -251,14 +251,21 @@ MUTANTS = {
     "last_step_never_written": (
         "      if (begin < end) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
-        ["test_full_size_matches_reference[0]", node("test_edge_shapes", "kernel-sm90_tf32", "2x16x67x67")],
+        [node("test_edge_shapes", "kernel-sm90_tf32x3", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_tf32", "2x16x67x67")],
     ),
-    # wgmma 16-bit, the write handed to the producer threads: the steps still staged after their last row (the
-    # last kLag of each consumer's range) are never written
+    # wgmma 16-bit and TF32 on fp16, the write handed to the producer threads: the steps still staged after their last
+    # row (the last kLag of each consumer's range) are never written
     "handed_last_steps_never_written": (
         "    while (epilogue.staged < steps) write();\n",
         "",
-        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "3x16x40x600")],
+        [node("test_edge_shapes", "kernel-sm90_bf16", "2x16x67x67"), node("test_edge_shapes", "kernel-sm90_fp16", "3x16x40x600"),
+         node("test_edge_shapes", "kernel-sm90_tf32_f16", "2x16x67x67")],
+    ),
+    # the handed fp32 minima (TF32 on fp16 operands): the producer threads write only the step's first half
+    "handed_fp32_half_the_pixels": (
+        "      for (int p = ptid; p < kTileCols; p += kApart) {\n",
+        "      for (int p = ptid; p < kTileCols / 2; p += kApart) {\n",
+        ["test_full_size_matches_reference[0]", node("test_edge_shapes", "kernel-sm90_tf32_f16", "2x16x67x67")],
     ),
     # after a column block's last row a consumer (and its producer) goes on in the next image, not the next block
     "next_block_skipped_for_the_next_image": (

@@ -7,7 +7,7 @@
 
 namespace kb25 {
 
-using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kInline, 2>>;
+using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;

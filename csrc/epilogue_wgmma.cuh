@@ -60,7 +60,7 @@ struct WgmmaEpilogue {
   static constexpr bool kHandsOff = !kSave && Schedule::kHanded;
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
-  // Per consumer, one layout for both variants of a kernel (16-bit: room for either kind of buffer).
+  // Per consumer, one layout for both variants of a kernel (handed: room for either kind of buffer).
   static constexpr int kSmemBytes =
       Schedule::kHanded && kStages * kStageBytes > kButterflyBytes ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");

@@ -304,8 +304,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the
       // handed write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x
       // (SR_TID.X) at each step's top, where the read's latency sat between the reduce and the next step's first MMA
-      // (the TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather
-      // than a branch around them.
+      // (the inline TF32 and 3xTF32 kernels were slower with it; the carrier, handed, was timed with it only); and a
+      // strip's end releases by predicated arrivals rather than a branch around them.
       constexpr bool kHandedInference = Traits::Schedule::kHanded && !kSave;
       unsigned tid = threadIdx.x;
       if constexpr (kHandedInference) asm volatile("" : "+r"(tid));
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
-      // so the tensor cores do not idle through the epilogue (16-bit inference: the producer's threads write it). No
+      // so the tensor cores do not idle through the epilogue (handed inference: the producer's threads write it). No
       // MMA stays in flight across the loop's back edge.
       typename Epilogue::Partial pending;
       int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
-        // At a strip's end the next step starts a new window: free the other two rows as well (16-bit inference: by
+        // At a strip's end the next step starts a new window: free the other two rows as well (handed inference: by
         // predicated arrivals rather than a branch around them).
         if constexpr (kHandedInference) {
           rows_in.release_if(strip_ends, rows - 2);

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zlib
 
 import pytest
 import torch
@@ -2127,6 +2128,11 @@ def _guarded_or_skip(name):
         pytest.skip(f"{name} does not launch on this GPU")
 
 
+def _case_seed(*key):
+    """A seed of its own for each case, the same in every process (str hashes are salted per process)."""
+    return zlib.crc32(repr(key).encode()) % 1000
+
+
 def _bit_equal(a, b):
     """The same dtype and the same values, NaN where the other has NaN (a NaN's payload aside)."""
     return a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a),
@@ -2182,7 +2188,7 @@ def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default)
     if kind == "wide":
         w = w / 256
     for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
-        x = _distribution(kind, shape, seed=hash((kind, shape)) % 1000)
+        x = _distribution(kind, shape, seed=_case_seed(kind, shape))
         out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
         assert listed.numel() == 0, (kind, shape, listed)
         truth = harness.float64_forward(x, w, b, operands=harness.round_tf32)
@@ -2222,7 +2228,8 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
     for n in range(x.shape[0]):
         if n in listed:
             assert _bit_equal(full[n], tf32[n]), n
-            assert not torch.equal(torch.nan_to_num(raw[n]), torch.nan_to_num(full[n])), n
+            if n != 6:  # inputs fp16 does not hold: the guard changed the image (65504 it holds, so maybe not)
+                assert not torch.equal(torch.nan_to_num(raw[n]), torch.nan_to_num(full[n])), n
         else:
             assert torch.equal(raw[n], full[n]), n
     assert full[4].isnan().any()  # the NaN input's pixels
@@ -2270,9 +2277,12 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
 @needs_cuda
 def test_guard_runs_in_one_stream_under_cuda_graphs(tf32_default):
     """The guard needs nothing from the host: a captured call replays with new inputs, listing and recomputing
-    what each replay's input needs (none, then one image)."""
+    what each replay's input needs (none, then one image, which then is bit for bit the TF32 kernel's)."""
     _, new = _cuda_models(12)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
     x = make_input((3, 16, 20, 70), seed=12, device="cuda")
+    kernel = new.fused_kernel(x)
+    assert kernel in GUARDED, kernel
     static = x.clone()
     with torch.no_grad():
         new(static)
@@ -2289,6 +2299,8 @@ def test_guard_runs_in_one_stream_under_cuda_graphs(tf32_default):
         with torch.no_grad():
             want = new(fresh)
         assert _bit_equal(out, want)
+        if poke:
+            assert _bit_equal(out[1], model_new.run_fused_kernel(fresh, w, b, _guard_of(kernel))[1])
 
 
 # ------------------------------------------------------------------------------ autocast: x rounded by the kernel
@@ -2339,7 +2351,7 @@ def test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input(name, kind,
     _, new = _cuda_models(71)
     w, b = new.conv.weight.detach().to(dtype), new.conv.bias.detach().to(dtype)
     for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
-        x = _cast_input_distribution(kind, shape, seed=hash((kind, shape)) % 1000, dtype=dtype)
+        x = _cast_input_distribution(kind, shape, seed=_case_seed(kind, shape), dtype=dtype)
         got = model_new.run_fused_kernel(x, w, b, name)
         want = model_new.run_fused_kernel(x.to(dtype), w, b, _native_of(name))
         assert _bit_equal(got, want), f"{name} {kind} {shape}: {harness.max_abs_error(got, want)} from the cast's"

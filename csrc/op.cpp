@@ -148,8 +148,7 @@ void check_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor
   TORCH_CHECK_VALUE(x.device() == weight.device(), "ModelNew expects input on " + weight.device().str() +
                                                        " (the device of its weights), got " + x.device().str());
   if (cast_input) {
-    TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat &&
-                          (weight.scalar_type() == at::kBFloat16 || weight.scalar_type() == at::kHalf),
+    TORCH_CHECK_VALUE(casts_input(x, weight),
                       "ModelNew's cast-input call expects a torch.float32 input and torch.bfloat16 or torch.float16 "
                       "weights, got " + dtype_name(x.scalar_type()) + " and " + dtype_name(weight.scalar_type()));
   }

@@ -1020,6 +1020,33 @@ __device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], 
 namespace kb25 {
 
 template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__half>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__nv_bfloat16>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<float>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                             Operand<float>) {
 #if KB25_HAS_WGMMA
@@ -1695,6 +1722,7 @@ struct MmaSyncEpilogue {
   static constexpr int kMine = (kMTiles + 3) / 4;  // m-tiles a lane stores
   static constexpr int kSmemBytes = 0;
   static constexpr bool kHandsOff = false;
+  static constexpr bool kPixelRows = false;  // (the wgmma epilogue's saving layout: mma.sync has pixel rows already)
   static constexpr int kHandOffStages = 0;
   const int ctid;
   float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
@@ -1954,9 +1982,20 @@ struct WgmmaMainloop {
   // so it waits for the whole window first: docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kReleasesOldestEarly = false;
   static constexpr bool kWaitsForNewest = Multiply::kIssuesBeforeNewest;
-  template <class Release, class WaitNewest>
+  // kPixelRows (the saving variants of the one-product kernels): the operands swap back, A = 64 pixels of the slot
+  // (M) and B = the weights (N = the 64 channels), kTileCols / 64 instructions a k-step. A thread then holds all 16
+  // of its channels' values of a pixel, in channel order, and finds the argmin among them without shuffles (the
+  // channel-carrying lane butterfly ran the saving variant at 2.5-3.3 times the inference one: docs/perf-notes.md,
+  // "Saving forward"). The tensor cores read twice the shared-memory bytes a k-step (each N = 64 MMA reads A and
+  // B), which the inference variants, paced by the MMAs, would pay for.
+  static constexpr bool kPixelRowsFit = kBiasByMma && Geometry::kTileCols % 64 == 0;
+  static constexpr int kPixelTiles = Geometry::kTileCols / 64;
+  // Sub-tile s of a pixel-row accumulator: pixels 64 s .. 64 s + 63, float[8][4] (the N = 64 D fragment).
+  __device__ static float (&pixel_tile(Accum& acc, int s))[8][4] { return *reinterpret_cast<float(*)[8][4]>(&acc[8 * s]); }
+  template <bool kPixelRows = false, class Release, class WaitNewest>
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&,
                         const WaitNewest& wait_newest) {
+    static_assert(!kPixelRows || kPixelRowsFit, "pixel rows: one product, whole 64-pixel sub-tiles");
     uint64_t desc[3];
 #pragma unroll
     for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], Geometry::kGroupBytes, 128);
@@ -1974,8 +2013,16 @@ struct WgmmaMainloop {
       // starting kw columns in (N-direction core matrices 128 bytes apart).
       const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (tap % 3) * 16) >> 4);
       const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
-      // The precision's products (the small parts kWeightBytes and kCopyBytes after the big ones).
-      if (ks == 0) {
+      if constexpr (kPixelRows) {  // A = 64 pixels (1024 bytes a sub-tile along the slot's columns), B = the weights
+#pragma unroll
+        for (int s = 0; s < kPixelTiles; ++s) {
+          if (ks == 0) {
+            wgmma_async<false>(pixel_tile(acc, s), b + ((s * 1024) >> 4), a, Operand<MmaElem>{});
+          } else {
+            wgmma_async(pixel_tile(acc, s), b + ((s * 1024) >> 4), a, Operand<MmaElem>{});
+          }
+        }
+      } else if (ks == 0) {  // the precision's products (the small parts kWeightBytes and kCopyBytes after the big ones)
         Multiply::template wgmma_k_step<MmaElem, true>(acc, acc_small, a, b, kWeightBytes >> 4,
                                                        Geometry::kCopyBytes >> 4);
       } else {
@@ -1987,7 +2034,13 @@ struct WgmmaMainloop {
       // The ones' descriptor from the weights': kOnesBytes before them, both strides kOnesStride instead of kAKBytes
       // and 128.
       constexpr uint64_t kOnes = weights_to(-kOnesBytes, kOnesStride, kOnesStride);
-      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<MmaElem>{});
+      const uint64_t bias = weights + ((Geometry::kKSteps * kAStepBytes) >> 4);
+      if constexpr (kPixelRows) {  // A = the ones (every 16 bytes alike, so any M reads the same), B = the bias parts
+#pragma unroll
+        for (int s = 0; s < kPixelTiles; ++s) wgmma_async(pixel_tile(acc, s), weights + kOnes, bias, Operand<MmaElem>{});
+      } else {
+        wgmma_async(acc, bias, weights + kOnes, Operand<MmaElem>{});
+      }
     }
     wgmma_commit();
   }
@@ -2014,8 +2067,11 @@ namespace kb25 {
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
 // every thread reaches after reading it. The handed inference kernels (kHandsOff: 16-bit, and TF32 on fp16 operands)
 // hand the write to the producer's threads instead (write_handed, HandedWrites), through kStages buffers with
-// mbarriers.
-// - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
+// mbarriers; so do their saving variants.
+// - Saving, one-product kernels (kPixelRows): the MMAs run with pixels as rows (WgmmaMainloop::start), so each thread
+//   holds 16 channels of 8 pixel rows and finds each one's min and argmin in registers, then over its quad
+//   (reduce_pixel_rows): no channel carried through a butterfly.
+// - fp32 minima (TF32, 3xTF32, and 3xTF32's saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
 //   4 warps' minima meet in the buffer, its rows skewed per 32 pixels (kSkew) so that the stores do not collide in a
@@ -2049,20 +2105,27 @@ struct WgmmaEpilogue {
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
+  // kPixelRows (the saving variants of the one-product kernels, WgmmaMainloop::start): lane (g, t) of warp w holds
+  // pixels 64 s + 16 w + g (i = 0, 1) and + 8 (i = 2, 3) of sub-tile s, channels 8 j + 2 t + (i & 1) in acc[8 s + j].
+  // Each pixel's min and argmin come whole out of the reduce: one value and one channel a pixel in a buffer's first
+  // row (kRedPitch floats) and, after it, its second (the channels, a byte each).
+  static constexpr bool kPixelRows = kSave && Mainloop::kPixelRowsFit;
   // A staged buffer: packed, 16 bytes a pixel pair (p, p + kTileCols / 2) and warp; else one butterfly buffer (the
   // 4 warps' minima of each pixel: staging the minima before the butterfly's last step or two, 8 or 16 a pixel, was
-  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write").
+  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write"; kPixelRows: each pixel's min and channel).
   static constexpr int kStageBytes = kStagesPacked ? kTileCols / 2 * 4 * 16 : kBufferFloats * 4;
-  // kHandsOff (the handed inference variants): the consumer only stages a step's minima; its producer threads write
-  // the step (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have
-  // staged it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer
-  // writes each step itself under the next step's MMAs, from two buffers.
-  static constexpr bool kHandsOff = !kSave && Schedule::kHanded;
+  // kHandsOff (the handed schedule, both variants): the consumer only stages a step's minima (saving: and their
+  // channels, kPixelRows); its producer threads write the step (write_handed), kStages buffers, each with a full
+  // mbarrier (the consumer's threads arrive once they have staged it) and an empty one (the producer's threads arrive
+  // once they have written it). Otherwise the consumer writes each step itself under the next step's MMAs, from two
+  // buffers.
+  static constexpr bool kHandsOff = Schedule::kHanded;
+  static_assert(!kHandsOff || !kSave || kPixelRows, "a handed saving variant stages whole pixels");
+  static_assert(!kPixelRows || kStageBytes >= kRedPitch * 5, "a pixel-row stage: the minima, then their channels");
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (handed: room for either kind of buffer).
-  static constexpr int kSmemBytes =
-      Schedule::kHanded && kStages * kStageBytes > kButterflyBytes ? kStages * kStageBytes : kButterflyBytes;
+  static constexpr int kSmemBytes = kHandsOff ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
   unsigned char* const red_channel;
@@ -2080,13 +2143,10 @@ struct WgmmaEpilogue {
     return reinterpret_cast<const unsigned char*>(red) + (j % kStages) * kStageBytes;
   }
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
-  // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
-  // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
-  // bits each in the kernels whose bias comes from the MMAs and whose elements are the MMA's type: with bytes their
-  // saving variant needed more than its 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the
-  // tensor cores"); TF32 on fp16 operands is the other way round (8 bytes spilled with 4 bits).
-  static constexpr int kPer =
-      Mainloop::kBiasByMma && sizeof(typename Mainloop::Elem) == sizeof(typename Mainloop::MmaElem) ? 8 : 4;
+  // kSave without kPixelRows (3xTF32) carries each value's channel within the warp (0..15) along, a byte each, kPer
+  // to a register (ch[i / kPer], bits kBits * (i % kPer) for value i): the accumulators are still live while the
+  // butterfly starts.
+  static constexpr int kPer = 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
   static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;
@@ -2129,7 +2189,18 @@ struct WgmmaEpilogue {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
-    if constexpr (kPacked) {
+    if constexpr (kPixelRows) {
+      if constexpr (kHandsOff) {
+        unsigned char* const buffer = const_cast<unsigned char*>(stage_buffer(staged));
+        reduce_pixel_rows(acc, g, t, warp, reinterpret_cast<float*>(buffer), buffer + kRedPitch * 4, [&] {
+          mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);  // see kPacked
+        });
+        mbarrier_arrive(stage_full(staged));
+        ++staged;
+      } else {
+        reduce_pixel_rows(acc, g, t, warp, red + turn * kBufferFloats, red_channel + turn * kBufferFloats, [] {});
+      }
+    } else if constexpr (kPacked) {
       uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1, lane group g
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j)
@@ -2166,6 +2237,59 @@ struct WgmmaEpilogue {
       reduce_unpacked(acc, g, t, warp, first, turn);
     }
     return {};
+  }
+  // kPixelRows: each pixel's min and argmin (torch.min's, precedes()) into `minima` and `channels` at skewed(p). The
+  // thread scans its 16 channels of each of its 8 pixel rows in channel order (8 j + 2 t + e), a channel taken only
+  // where it strictly precedes the one held; then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping
+  // half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
+  // both of its rows. before_stores() runs between that and the stores (the wait for a free stage buffer).
+  template <class BeforeStores>
+  __device__ void reduce_pixel_rows(const typename Mainloop::Accum& acc, int g, int t, int warp, float* minima,
+                                    unsigned char* channels, const BeforeStores& before_stores) const {
+    constexpr int kRows = 2 * Mainloop::kPixelTiles;  // row 2 s + h: pixel 64 s + 16 w + g + 8 h
+    static_assert(kRows == 8, "two quad steps leave two rows a lane");
+    float m[kRows];
+    int c[kRows];
+#pragma unroll
+    for (int s = 0; s < Mainloop::kPixelTiles; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float best = acc[8 * s][2 * h];
+        int channel = 2 * t;
+#pragma unroll
+        for (int k = 1; k < 16; ++k) {  // channel 8 (k / 2) + 2 t + k % 2, ascending
+          const float v = acc[8 * s + k / 2][2 * h + k % 2];
+          // v strictly precedes best: smaller, or a NaN where best is a number (not (best <= v), best no NaN)
+          const bool took = !(best <= v) && best == best;
+          best = took ? v : best;
+          channel = took ? 8 * (k / 2) + 2 * t + k % 2 : channel;
+        }
+        m[2 * s + h] = best;
+        c[2 * s + h] = channel;
+      }
+    // Quad step over lane bit b (mask 1 << b): lanes with the bit set keep the upper half of the rows.
+#pragma unroll
+    for (int b = 0, half = kRows / 2; b < 2; ++b, half /= 2) {
+      const bool upper = (t >> b) & 1;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = upper ? m[i] : m[i + half], keep = upper ? m[i + half] : m[i];
+        const int send_c = upper ? c[i] : c[i + half], keep_c = upper ? c[i + half] : c[i];
+        float kept = keep;
+        int kept_c = keep_c;
+        keep_min(kept, kept_c, __shfl_xor_sync(0xffffffffu, send, 1 << b), __shfl_xor_sync(0xffffffffu, send_c, 1 << b));
+        m[i] = kept;
+        c[i] = kept_c;
+      }
+    }
+    before_stores();
+    const int s = 2 * (t & 1) + (t >> 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int at = skewed(64 * s + 16 * warp + g + 8 * h);
+      minima[at] = m[h];
+      channels[at] = (unsigned char)c[h];
+    }
   }
   // The min over the thread's two channels and the butterfly, into butterfly buffer `buffer` (kBufferFloats floats
   // each; the channels at red_channel, kSave).
@@ -2254,8 +2378,27 @@ struct WgmmaEpilogue {
                                       nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
                               out_scale);
   }
+  // The min of pixel `at` (skewed) and its channel, as torch.min picks them (NaN first, then the lowest channel of
+  // equal values): kPixelRows staged whole; else over the 4 warps of a butterfly buffer (16 w + the staged channel
+  // within warp w). Unscaled; the output it gives: tanh twice, 16-bit from the min rounded to the element type, as
+  // the inference variant's (kPacked).
+  __device__ void write_saved(const float* minima, const unsigned char* channels, int at, const RowOut<Elem>& dst,
+                              int col) const {
+    float m = minima[at];
+    int channel = channels[at];
+    if constexpr (!kPixelRows) {
+#pragma unroll
+      for (int w = 1; w < 4; ++w) keep_min(m, channel, minima[w * kRedPitch + at], 16 * w + channels[w * kRedPitch + at]);
+    }
+    m = Precision::unscale(m, out_scale);
+    dst.argmin[col] = (unsigned char)channel;
+    dst.pre_min[col] = m;
+    if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
+    dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(m));
+  }
   // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it:
-  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima, the pixels p = ptid, ptid + kApart, ...
+  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima (and kSave their channels), the pixels p = ptid,
+  // ptid + kApart, ...
   template <int kApart>
   __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
     mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
@@ -2263,6 +2406,13 @@ struct WgmmaEpilogue {
     if constexpr (kPacked) {
 #pragma unroll
       for (int p = ptid; p < kTileCols / 2; p += kApart) write_pair(buffer, dst, col0, OW, p);
+    } else if constexpr (kSave) {
+      const float* const minima = reinterpret_cast<const float*>(buffer);
+#pragma unroll
+      for (int p = ptid; p < kTileCols; p += kApart) {
+        const int col = col0 + p;
+        if (col < OW) write_saved(minima, buffer + kRedPitch * 4, skewed(p), dst, col);
+      }
     } else {
       const float* const minima = reinterpret_cast<const float*>(buffer);
 #pragma unroll
@@ -2288,21 +2438,12 @@ struct WgmmaEpilogue {
         const int col = col0 + p;
         if (col < OW) {
           const int at = skewed(p);
-          float m;
           if constexpr (kSave) {
-            m = buffer[at];
-            int channel = buffer_ch[at];
-#pragma unroll
-            for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
-            m = Precision::unscale(m, out_scale);
-            dst.argmin[col] = (unsigned char)channel;
-            dst.pre_min[col] = m;
-            // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
+            write_saved(buffer, buffer_ch, at, dst, col);
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = min_of_warps(buffer, at);
+            const float m = min_of_warps(buffer, at);
+            dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
           }
-          dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }
       }
     }
@@ -2845,10 +2986,10 @@ struct NoWrites {
 // 0.7-0.8% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower than 3
 // (docs/perf-notes.md, "Epilogue and the handed write"). kLag 0 would deadlock: step k's row would wait for step k
 // to be staged.
-template <class Traits>
+template <class Traits, bool kSave>
 struct HandedWrites {
   using Elem = typename Traits::Elem;
-  using Epilogue = typename Traits::Epilogue;
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
   static constexpr uint32_t kLag = 2;
   static_assert(kLag >= 1 && kLag <= Epilogue::kStages,
                 "a row stored before its step is waited for, a buffer written before it is staged into again");
@@ -2857,14 +2998,19 @@ struct HandedWrites {
   uint32_t seen = 0;
   const uint32_t steps;
   Elem* const out;
+  unsigned char* const argmin;  // kSave: the saved argmin and pre-tanh min
+  float* const pre_min;
   const int OH, OW, ptid;
   const Images images;
   __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
-                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks, const Images& images_)
+                          int64_t end, Elem* out_, unsigned char* argmin_, float* pre_min_, int OH_, int OW_,
+                          int col_blocks, const Images& images_)
       : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
-        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_), images(images_) {}
+        steps((uint32_t)(end - begin)), out(out_), argmin(argmin_), pre_min(pre_min_), OH(OH_), OW(OW_), ptid(ptid_),
+        images(images_) {}
   __device__ void write() {
-    const RowOut<Elem> dst{out + (images(at.n) * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    const int64_t row = (images(at.n) * OH + at.oy) * (int64_t)OW;
+    const RowOut<Elem> dst{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
     epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
     at.advance();
   }
@@ -3076,8 +3222,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
-        HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
-                                    begin, end, out, OH, OW, col_blocks, images);
+        HandedWrites<Traits, kSave> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c,
+                                           ptid, begin, end, out, argmin, pre_min, OH, OW, col_blocks, images);
         writer.epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
         produce(writer);
       } else {
@@ -3085,14 +3231,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce(writer);
       }
     } else {
-      // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the
-      // handed write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x
-      // (SR_TID.X) at each step's top, where the read's latency sat between the reduce and the next step's first MMA
-      // (the inline TF32 and 3xTF32 kernels were slower with it; the carrier, handed, was timed with it only); and a
-      // strip's end releases by predicated arrivals rather than a branch around them.
-      constexpr bool kHandedInference = Traits::Schedule::kHanded && !kSave;
+      // The handed-write kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
+      // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at
+      // each step's top, where the read's latency sat between the reduce and the next step's first MMA (the inline
+      // TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather than a
+      // branch around them.
+      constexpr bool kHandedLoop = Traits::Schedule::kHanded && !kSave;
       unsigned tid = threadIdx.x;
-      if constexpr (kHandedInference) asm volatile("" : "+r"(tid));
+      if constexpr (kHandedLoop) asm volatile("" : "+r"(tid));
       const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;
       const int ctid = (tid - Traits::kProducers) % Traits::kWarpgroup;
       int64_t begin, end;
@@ -3127,12 +3273,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
         // once per step, as soon as it may.
         const auto release_oldest = [&] { rows_in.release(rows - 3); };
-        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        if constexpr (Epilogue::kPixelRows) {
+          mainloop.template start<true>(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        } else {
+          mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        }
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
         // At a strip's end the next step starts a new window: free the other two rows as well (handed inference: by
         // predicated arrivals rather than a branch around them).
-        if constexpr (kHandedInference) {
+        if constexpr (kHandedLoop) {
           rows_in.release_if(strip_ends, rows - 2);
           rows_in.release_if(strip_ends, rows - 1);
         } else if (strip_ends) {

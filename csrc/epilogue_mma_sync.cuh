@@ -16,6 +16,7 @@ struct MmaSyncEpilogue {
   static constexpr int kMine = (kMTiles + 3) / 4;  // m-tiles a lane stores
   static constexpr int kSmemBytes = 0;
   static constexpr bool kHandsOff = false;
+  static constexpr bool kPixelRows = false;  // (the wgmma epilogue's saving layout: mma.sync has pixel rows already)
   static constexpr int kHandOffStages = 0;
   const int ctid;
   float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)

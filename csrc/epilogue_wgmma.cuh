@@ -14,8 +14,11 @@ namespace kb25 {
 // Two buffers, used in turn (one per step), so a buffer is refilled only after the barrier of the other one, which
 // every thread reaches after reading it. The handed inference kernels (kHandsOff: 16-bit, and TF32 on fp16 operands)
 // hand the write to the producer's threads instead (write_handed, HandedWrites), through kStages buffers with
-// mbarriers.
-// - fp32 minima (TF32, 3xTF32, and every saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
+// mbarriers; so do their saving variants.
+// - Saving, one-product kernels (kPixelRows): the MMAs run with pixels as rows (WgmmaMainloop::start), so each thread
+//   holds 16 channels of 8 pixel rows and finds each one's min and argmin in registers, then over its quad
+//   (reduce_pixel_rows): no channel carried through a butterfly.
+// - fp32 minima (TF32, 3xTF32, and 3xTF32's saving variant): three butterfly steps over g (lanes xor 4, 8, 16) each
 //   keep half of the values and fold in the partner's other half, so every lane ends with the warp's minima (its 16
 //   channels) of kFinal pixels, having shuffled 2 * kNBlocks - kFinal values instead of all of them three times. The
 //   4 warps' minima meet in the buffer, its rows skewed per 32 pixels (kSkew) so that the stores do not collide in a
@@ -49,20 +52,27 @@ struct WgmmaEpilogue {
   static constexpr int kBufferFloats = 4 * kRedPitch;
   // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
+  // kPixelRows (the saving variants of the one-product kernels, WgmmaMainloop::start): lane (g, t) of warp w holds
+  // pixels 64 s + 16 w + g (i = 0, 1) and + 8 (i = 2, 3) of sub-tile s, channels 8 j + 2 t + (i & 1) in acc[8 s + j].
+  // Each pixel's min and argmin come whole out of the reduce: one value and one channel a pixel in a buffer's first
+  // row (kRedPitch floats) and, after it, its second (the channels, a byte each).
+  static constexpr bool kPixelRows = kSave && Mainloop::kPixelRowsFit;
   // A staged buffer: packed, 16 bytes a pixel pair (p, p + kTileCols / 2) and warp; else one butterfly buffer (the
   // 4 warps' minima of each pixel: staging the minima before the butterfly's last step or two, 8 or 16 a pixel, was
-  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write").
+  // 7-12% slower, docs/perf-notes.md, "Epilogue and the handed write"; kPixelRows: each pixel's min and channel).
   static constexpr int kStageBytes = kStagesPacked ? kTileCols / 2 * 4 * 16 : kBufferFloats * 4;
-  // kHandsOff (the handed inference variants): the consumer only stages a step's minima; its producer threads write
-  // the step (write_handed), kStages buffers, each with a full mbarrier (the consumer's threads arrive once they have
-  // staged it) and an empty one (the producer's threads arrive once they have written it). Otherwise the consumer
-  // writes each step itself under the next step's MMAs, from two buffers.
-  static constexpr bool kHandsOff = !kSave && Schedule::kHanded;
+  // kHandsOff (the handed schedule, both variants): the consumer only stages a step's minima (saving: and their
+  // channels, kPixelRows); its producer threads write the step (write_handed), kStages buffers, each with a full
+  // mbarrier (the consumer's threads arrive once they have staged it) and an empty one (the producer's threads arrive
+  // once they have written it). Otherwise the consumer writes each step itself under the next step's MMAs, from two
+  // buffers.
+  static constexpr bool kHandsOff = Schedule::kHanded;
+  static_assert(!kHandsOff || !kSave || kPixelRows, "a handed saving variant stages whole pixels");
+  static_assert(!kPixelRows || kStageBytes >= kRedPitch * 5, "a pixel-row stage: the minima, then their channels");
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
   // Per consumer, one layout for both variants of a kernel (handed: room for either kind of buffer).
-  static constexpr int kSmemBytes =
-      Schedule::kHanded && kStages * kStageBytes > kButterflyBytes ? kStages * kStageBytes : kButterflyBytes;
+  static constexpr int kSmemBytes = kHandsOff ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
   unsigned char* const red_channel;
@@ -80,13 +90,10 @@ struct WgmmaEpilogue {
     return reinterpret_cast<const unsigned char*>(red) + (j % kStages) * kStageBytes;
   }
   __device__ static int skewed(int pixel) { return pixel + kSkew * (pixel >> 5); }
-  // kSave carries each value's channel within the warp (0..15) along, kPer to a register (ch[i / kPer], bits
-  // kBits * (i % kPer) for value i): the accumulators are still live while the butterfly starts. A byte each, or 4
-  // bits each in the kernels whose bias comes from the MMAs and whose elements are the MMA's type: with bytes their
-  // saving variant needed more than its 168 registers and spilled 4 bytes (docs/perf-notes.md, "Bias through the
-  // tensor cores"); TF32 on fp16 operands is the other way round (8 bytes spilled with 4 bits).
-  static constexpr int kPer =
-      Mainloop::kBiasByMma && sizeof(typename Mainloop::Elem) == sizeof(typename Mainloop::MmaElem) ? 8 : 4;
+  // kSave without kPixelRows (3xTF32) carries each value's channel within the warp (0..15) along, a byte each, kPer
+  // to a register (ch[i / kPer], bits kBits * (i % kPer) for value i): the accumulators are still live while the
+  // butterfly starts.
+  static constexpr int kPer = 4;
   static constexpr int kBits = 32 / kPer;
   static constexpr uint32_t kMask = (1u << kBits) - 1;
   static constexpr int kChannelWords = kSave ? 2 * kNBlocks / kPer : 1;
@@ -129,7 +136,18 @@ struct WgmmaEpilogue {
     const int lane = ctid & 31, warp = ctid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int first = kFinal * (((g >> 2) & 1) + 2 * ((g >> 1) & 1) + 4 * (g & 1));
-    if constexpr (kPacked) {
+    if constexpr (kPixelRows) {
+      if constexpr (kHandsOff) {
+        unsigned char* const buffer = const_cast<unsigned char*>(stage_buffer(staged));
+        reduce_pixel_rows(acc, g, t, warp, reinterpret_cast<float*>(buffer), buffer + kRedPitch * 4, [&] {
+          mbarrier_wait(stage_empty(staged), ((staged / kStages) & 1) ^ 1);  // see kPacked
+        });
+        mbarrier_arrive(stage_full(staged));
+        ++staged;
+      } else {
+        reduce_pixel_rows(acc, g, t, warp, red + turn * kBufferFloats, red_channel + turn * kBufferFloats, [] {});
+      }
+    } else if constexpr (kPacked) {
       uint32_t v[kNBlocks];  // v[j]: pixels 8j + 2t (low half) and 8j + 2t + 1, lane group g
 #pragma unroll
       for (int j = 0; j < kNBlocks; ++j)
@@ -166,6 +184,59 @@ struct WgmmaEpilogue {
       reduce_unpacked(acc, g, t, warp, first, turn);
     }
     return {};
+  }
+  // kPixelRows: each pixel's min and argmin (torch.min's, precedes()) into `minima` and `channels` at skewed(p). The
+  // thread scans its 16 channels of each of its 8 pixel rows in channel order (8 j + 2 t + e), a channel taken only
+  // where it strictly precedes the one held; then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping
+  // half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
+  // both of its rows. before_stores() runs between that and the stores (the wait for a free stage buffer).
+  template <class BeforeStores>
+  __device__ void reduce_pixel_rows(const typename Mainloop::Accum& acc, int g, int t, int warp, float* minima,
+                                    unsigned char* channels, const BeforeStores& before_stores) const {
+    constexpr int kRows = 2 * Mainloop::kPixelTiles;  // row 2 s + h: pixel 64 s + 16 w + g + 8 h
+    static_assert(kRows == 8, "two quad steps leave two rows a lane");
+    float m[kRows];
+    int c[kRows];
+#pragma unroll
+    for (int s = 0; s < Mainloop::kPixelTiles; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float best = acc[8 * s][2 * h];
+        int channel = 2 * t;
+#pragma unroll
+        for (int k = 1; k < 16; ++k) {  // channel 8 (k / 2) + 2 t + k % 2, ascending
+          const float v = acc[8 * s + k / 2][2 * h + k % 2];
+          // v strictly precedes best: smaller, or a NaN where best is a number (not (best <= v), best no NaN)
+          const bool took = !(best <= v) && best == best;
+          best = took ? v : best;
+          channel = took ? 8 * (k / 2) + 2 * t + k % 2 : channel;
+        }
+        m[2 * s + h] = best;
+        c[2 * s + h] = channel;
+      }
+    // Quad step over lane bit b (mask 1 << b): lanes with the bit set keep the upper half of the rows.
+#pragma unroll
+    for (int b = 0, half = kRows / 2; b < 2; ++b, half /= 2) {
+      const bool upper = (t >> b) & 1;
+#pragma unroll
+      for (int i = 0; i < half; ++i) {
+        const float send = upper ? m[i] : m[i + half], keep = upper ? m[i + half] : m[i];
+        const int send_c = upper ? c[i] : c[i + half], keep_c = upper ? c[i + half] : c[i];
+        float kept = keep;
+        int kept_c = keep_c;
+        keep_min(kept, kept_c, __shfl_xor_sync(0xffffffffu, send, 1 << b), __shfl_xor_sync(0xffffffffu, send_c, 1 << b));
+        m[i] = kept;
+        c[i] = kept_c;
+      }
+    }
+    before_stores();
+    const int s = 2 * (t & 1) + (t >> 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int at = skewed(64 * s + 16 * warp + g + 8 * h);
+      minima[at] = m[h];
+      channels[at] = (unsigned char)c[h];
+    }
   }
   // The min over the thread's two channels and the butterfly, into butterfly buffer `buffer` (kBufferFloats floats
   // each; the channels at red_channel, kSave).
@@ -254,8 +325,27 @@ struct WgmmaEpilogue {
                                       nan_min(buffer[2 * kRedPitch + at], buffer[3 * kRedPitch + at])),
                               out_scale);
   }
+  // The min of pixel `at` (skewed) and its channel, as torch.min picks them (NaN first, then the lowest channel of
+  // equal values): kPixelRows staged whole; else over the 4 warps of a butterfly buffer (16 w + the staged channel
+  // within warp w). Unscaled; the output it gives: tanh twice, 16-bit from the min rounded to the element type, as
+  // the inference variant's (kPacked).
+  __device__ void write_saved(const float* minima, const unsigned char* channels, int at, const RowOut<Elem>& dst,
+                              int col) const {
+    float m = minima[at];
+    int channel = channels[at];
+    if constexpr (!kPixelRows) {
+#pragma unroll
+      for (int w = 1; w < 4; ++w) keep_min(m, channel, minima[w * kRedPitch + at], 16 * w + channels[w * kRedPitch + at]);
+    }
+    m = Precision::unscale(m, out_scale);
+    dst.argmin[col] = (unsigned char)channel;
+    dst.pre_min[col] = m;
+    if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
+    dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(m));
+  }
   // kHandsOff: the producer's threads write step `staged` (the next, in order) once the consumer has staged it:
-  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima, the pixels p = ptid, ptid + kApart, ...
+  // packed, the pairs p = ptid, ptid + kApart, ... each; fp32 minima (and kSave their channels), the pixels p = ptid,
+  // ptid + kApart, ...
   template <int kApart>
   __device__ void write_handed(const RowOut<Elem>& dst, int col0, int OW, int ptid) {
     mbarrier_wait(stage_full(staged), (staged / kStages) & 1);
@@ -263,6 +353,13 @@ struct WgmmaEpilogue {
     if constexpr (kPacked) {
 #pragma unroll
       for (int p = ptid; p < kTileCols / 2; p += kApart) write_pair(buffer, dst, col0, OW, p);
+    } else if constexpr (kSave) {
+      const float* const minima = reinterpret_cast<const float*>(buffer);
+#pragma unroll
+      for (int p = ptid; p < kTileCols; p += kApart) {
+        const int col = col0 + p;
+        if (col < OW) write_saved(minima, buffer + kRedPitch * 4, skewed(p), dst, col);
+      }
     } else {
       const float* const minima = reinterpret_cast<const float*>(buffer);
 #pragma unroll
@@ -288,21 +385,12 @@ struct WgmmaEpilogue {
         const int col = col0 + p;
         if (col < OW) {
           const int at = skewed(p);
-          float m;
           if constexpr (kSave) {
-            m = buffer[at];
-            int channel = buffer_ch[at];
-#pragma unroll
-            for (int w = 1; w < 4; ++w) keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);
-            m = Precision::unscale(m, out_scale);
-            dst.argmin[col] = (unsigned char)channel;
-            dst.pre_min[col] = m;
-            // 16-bit: the inference variant's min is rounded to the element type (kPacked): so is this one's output
-            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));
+            write_saved(buffer, buffer_ch, at, dst, col);
           } else {  // fp32 minima (the packed ones take write_pair)
-            m = min_of_warps(buffer, at);
+            const float m = min_of_warps(buffer, at);
+            dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
           }
-          dst.out[col] = convert<typename Geometry::Elem>(tanh2<Precision::kTanhApprox>(m));
         }
       }
     }

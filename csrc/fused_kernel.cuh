@@ -61,10 +61,10 @@ struct NoWrites {
 // 0.7-0.8% faster than 3, a 5th buffer with lag 4 (and one ring slot fewer to fit it) 3.6% slower than 3
 // (docs/perf-notes.md, "Epilogue and the handed write"). kLag 0 would deadlock: step k's row would wait for step k
 // to be staged.
-template <class Traits>
+template <class Traits, bool kSave>
 struct HandedWrites {
   using Elem = typename Traits::Elem;
-  using Epilogue = typename Traits::Epilogue;
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
   static constexpr uint32_t kLag = 2;
   static_assert(kLag >= 1 && kLag <= Epilogue::kStages,
                 "a row stored before its step is waited for, a buffer written before it is staged into again");
@@ -73,14 +73,19 @@ struct HandedWrites {
   uint32_t seen = 0;
   const uint32_t steps;
   Elem* const out;
+  unsigned char* const argmin;  // kSave: the saved argmin and pre-tanh min
+  float* const pre_min;
   const int OH, OW, ptid;
   const Images images;
   __device__ HandedWrites(unsigned char* consumer_smem, uint64_t* stage_bars, int c, int ptid_, int64_t begin,
-                          int64_t end, Elem* out_, int OH_, int OW_, int col_blocks, const Images& images_)
+                          int64_t end, Elem* out_, unsigned char* argmin_, float* pre_min_, int OH_, int OW_,
+                          int col_blocks, const Images& images_)
       : epilogue(consumer_smem + Traits::kRingBytes, c, ptid_, stage_bars), at(begin, OH_, col_blocks),
-        steps((uint32_t)(end - begin)), out(out_), OH(OH_), OW(OW_), ptid(ptid_), images(images_) {}
+        steps((uint32_t)(end - begin)), out(out_), argmin(argmin_), pre_min(pre_min_), OH(OH_), OW(OW_), ptid(ptid_),
+        images(images_) {}
   __device__ void write() {
-    const RowOut<Elem> dst{out + (images(at.n) * OH + at.oy) * (int64_t)OW, nullptr, nullptr};
+    const int64_t row = (images(at.n) * OH + at.oy) * (int64_t)OW;
+    const RowOut<Elem> dst{out + row, kSave ? argmin + row : nullptr, kSave ? pre_min + row : nullptr};
     epilogue.template write_handed<Traits::kProducerThreads>(dst, at.cb * Traits::kTileCols, OW, ptid);
     at.advance();
   }
@@ -292,8 +297,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
-        HandedWrites<Traits> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c, ptid,
-                                    begin, end, out, OH, OW, col_blocks, images);
+        HandedWrites<Traits, kSave> writer(smem + c * Traits::kConsumerBytes, stage_bars + 2 * kStagePairs * c, c,
+                                           ptid, begin, end, out, argmin, pre_min, OH, OW, col_blocks, images);
         writer.epilogue.out_scale = Precision::scale_of(Traits::Mainloop::scratch(shared), -1);
         produce(writer);
       } else {
@@ -301,14 +306,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce(writer);
       }
     } else {
-      // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the
-      // handed write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x
-      // (SR_TID.X) at each step's top, where the read's latency sat between the reduce and the next step's first MMA
-      // (the inline TF32 and 3xTF32 kernels were slower with it; the carrier, handed, was timed with it only); and a
-      // strip's end releases by predicated arrivals rather than a branch around them.
-      constexpr bool kHandedInference = Traits::Schedule::kHanded && !kSave;
+      // The handed-write kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
+      // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at
+      // each step's top, where the read's latency sat between the reduce and the next step's first MMA (the inline
+      // TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather than a
+      // branch around them.
+      constexpr bool kHandedLoop = Traits::Schedule::kHanded && !kSave;
       unsigned tid = threadIdx.x;
-      if constexpr (kHandedInference) asm volatile("" : "+r"(tid));
+      if constexpr (kHandedLoop) asm volatile("" : "+r"(tid));
       const int c = (tid - Traits::kProducers) / Traits::kWarpgroup;
       const int ctid = (tid - Traits::kProducers) % Traits::kWarpgroup;
       int64_t begin, end;
@@ -343,12 +348,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // The MMAs have read the window's oldest row (no later step uses it): free its slot. The mainloop calls this
         // once per step, as soon as it may.
         const auto release_oldest = [&] { rows_in.release(rows - 3); };
-        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        if constexpr (Epilogue::kPixelRows) {
+          mainloop.template start<true>(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        } else {
+          mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });
+        }
         if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
         mainloop.finish(acc, release_oldest);
         // At a strip's end the next step starts a new window: free the other two rows as well (handed inference: by
         // predicated arrivals rather than a branch around them).
-        if constexpr (kHandedInference) {
+        if constexpr (kHandedLoop) {
           rows_in.release_if(strip_ends, rows - 2);
           rows_in.release_if(strip_ends, rows - 1);
         } else if (strip_ends) {

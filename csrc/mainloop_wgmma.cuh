@@ -163,9 +163,20 @@ struct WgmmaMainloop {
   // so it waits for the whole window first: docs/perf-notes.md, "wgmma mainloop").
   static constexpr bool kReleasesOldestEarly = false;
   static constexpr bool kWaitsForNewest = Multiply::kIssuesBeforeNewest;
-  template <class Release, class WaitNewest>
+  // kPixelRows (the saving variants of the one-product kernels): the operands swap back, A = 64 pixels of the slot
+  // (M) and B = the weights (N = the 64 channels), kTileCols / 64 instructions a k-step. A thread then holds all 16
+  // of its channels' values of a pixel, in channel order, and finds the argmin among them without shuffles (the
+  // channel-carrying lane butterfly ran the saving variant at 2.5-3.3 times the inference one: docs/perf-notes.md,
+  // "Saving forward"). The tensor cores read twice the shared-memory bytes a k-step (each N = 64 MMA reads A and
+  // B), which the inference variants, paced by the MMAs, would pay for.
+  static constexpr bool kPixelRowsFit = kBiasByMma && Geometry::kTileCols % 64 == 0;
+  static constexpr int kPixelTiles = Geometry::kTileCols / 64;
+  // Sub-tile s of a pixel-row accumulator: pixels 64 s .. 64 s + 63, float[8][4] (the N = 64 D fragment).
+  __device__ static float (&pixel_tile(Accum& acc, int s))[8][4] { return *reinterpret_cast<float(*)[8][4]>(&acc[8 * s]); }
+  template <bool kPixelRows = false, class Release, class WaitNewest>
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&,
                         const WaitNewest& wait_newest) {
+    static_assert(!kPixelRows || kPixelRowsFit, "pixel rows: one product, whole 64-pixel sub-tiles");
     uint64_t desc[3];
 #pragma unroll
     for (int kh = 0; kh < 3; ++kh) desc[kh] = wgmma_desc(rows[kh], Geometry::kGroupBytes, 128);
@@ -183,8 +194,16 @@ struct WgmmaMainloop {
       // starting kw columns in (N-direction core matrices 128 bytes apart).
       const uint64_t b = desc[tap / 3] + ((2 * kb * Geometry::kGroupBytes + (tap % 3) * 16) >> 4);
       const uint64_t a = weights + ((ks * kAStepBytes) >> 4);
-      // The precision's products (the small parts kWeightBytes and kCopyBytes after the big ones).
-      if (ks == 0) {
+      if constexpr (kPixelRows) {  // A = 64 pixels (1024 bytes a sub-tile along the slot's columns), B = the weights
+#pragma unroll
+        for (int s = 0; s < kPixelTiles; ++s) {
+          if (ks == 0) {
+            wgmma_async<false>(pixel_tile(acc, s), b + ((s * 1024) >> 4), a, Operand<MmaElem>{});
+          } else {
+            wgmma_async(pixel_tile(acc, s), b + ((s * 1024) >> 4), a, Operand<MmaElem>{});
+          }
+        }
+      } else if (ks == 0) {  // the precision's products (the small parts kWeightBytes and kCopyBytes after the big ones)
         Multiply::template wgmma_k_step<MmaElem, true>(acc, acc_small, a, b, kWeightBytes >> 4,
                                                        Geometry::kCopyBytes >> 4);
       } else {
@@ -196,7 +215,13 @@ struct WgmmaMainloop {
       // The ones' descriptor from the weights': kOnesBytes before them, both strides kOnesStride instead of kAKBytes
       // and 128.
       constexpr uint64_t kOnes = weights_to(-kOnesBytes, kOnesStride, kOnesStride);
-      wgmma_async(acc, weights + ((Geometry::kKSteps * kAStepBytes) >> 4), weights + kOnes, Operand<MmaElem>{});
+      const uint64_t bias = weights + ((Geometry::kKSteps * kAStepBytes) >> 4);
+      if constexpr (kPixelRows) {  // A = the ones (every 16 bytes alike, so any M reads the same), B = the bias parts
+#pragma unroll
+        for (int s = 0; s < kPixelTiles; ++s) wgmma_async(pixel_tile(acc, s), weights + kOnes, bias, Operand<MmaElem>{});
+      } else {
+        wgmma_async(acc, bias, weights + kOnes, Operand<MmaElem>{});
+      }
     }
     wgmma_commit();
   }

@@ -154,7 +154,9 @@ __device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], 
 def wgmma_atoms_cuh(k):
     """wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows, told apart by the
     accumulator's type: their N/2 accumulator operands are written out here rather than by hand."""
-    shapes = sorted({(row.tile_cols, *OPERANDS[row.operand]) for row in k.FUSED_TABLE if row.mma == "wgmma"})
+    # N = 64 as well: the saving variants' pixel-row MMAs (A = 64 pixels, B = the 64 channels).
+    shapes = sorted({(n, *OPERANDS[row.operand]) for row in k.FUSED_TABLE if row.mma == "wgmma"
+                     for n in (row.tile_cols, 64)})
     out = [f"{BANNER}// wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows. D(64 x N) +=",
            "// A(64 x k) * B(k x N), both K-major shared-memory descriptors; D = A * B where kAccumulate is false (scale-d 0:",
            "// whatever D's registers held is not read, so they need no initial value).",

@@ -183,7 +183,7 @@ MUTANTS = {
     ),
     # the saving 16-bit wgmma forward takes tanh of its unrounded min: its output is no longer the inference one's
     "saving_forward_keeps_the_unrounded_min": (
-        "            if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));\n",
+        "    if constexpr (kStagesPacked) m = convert<float>(convert<Elem>(m));\n",
         "",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
@@ -450,17 +450,31 @@ MUTANTS = {
         "return g * (1.f - t2 * t2);",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
-    # the wgmma saving epilogue keeps the channel within the warp, not within the 64
+    # the wgmma lane-butterfly saving epilogue (3xTF32) keeps the channel within the warp, not within the 64
     "saved_argmin_drops_the_warp": (
-        "keep_min(m, channel, buffer[w * kRedPitch + at], 16 * w + buffer_ch[w * kRedPitch + at]);",
-        "keep_min(m, channel, buffer[w * kRedPitch + at], buffer_ch[w * kRedPitch + at]);",
+        "keep_min(m, channel, minima[w * kRedPitch + at], 16 * w + channels[w * kRedPitch + at]);",
+        "keep_min(m, channel, minima[w * kRedPitch + at], channels[w * kRedPitch + at]);",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
-    # the saving epilogue's 4-bit channels (16-bit wgmma) lose their top bit: channels 8..15 of a warp read as 0..7
-    "saved_channel_loses_its_top_bit": (
-        "static constexpr uint32_t kMask = (1u << kBits) - 1;",
-        "static constexpr uint32_t kMask = (1u << (kBits - 1)) - 1;",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    # the pixel-row saving epilogue (wgmma, one product) lets a later channel of an equal value take the argmin
+    "pixel_rows_ties_go_to_the_later_channel": (
+        "const bool took = !(best <= v) && best == best;",
+        "const bool took = !(best < v) && best == best;",
+        [node("test_training_ties_go_to_the_first_channel", shape="H100")],
+    ),
+    # the pixel-row saving epilogue lets a number after a NaN take the argmin (and the min)
+    "pixel_rows_number_beats_nan": (
+        "const bool took = !(best <= v) && best == best;",
+        "const bool took = !(best <= v);",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="inference_forward-one_step-H100")],
+    ),
+    # the pixel-row saving epilogue stores a lane's rows as sub-tile t: pixels of two sub-tiles swap places
+    "pixel_rows_stored_at_the_wrong_sub_tile": (
+        "const int s = 2 * (t & 1) + (t >> 1);",
+        "const int s = t;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
+         node("test_training_backward_follows_the_saved_argmin", shape="inference_forward-H100")],
     ),
     # the mma.sync saving epilogue drops the quad position from the channel
     "mma_sync_saved_channel_drops_the_quad": (

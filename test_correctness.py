@@ -1479,6 +1479,29 @@ def test_nan_wins_over_inf_channels_in_the_min(key, tf32_default):
     assert torch.equal(torch.isnan(got), torch.isnan(want))
 
 
+@needs_cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16"])
+def test_saving_forward_takes_the_first_nan_channel(precision, tf32_default):
+    """The saving forward on the pixel of test_nan_wins_over_inf_channels_in_the_min (channels NaN or +-inf, by the
+    signs of two weights): torch.min's min is NaN and its argmin the first NaN channel, also where numbers follow that
+    channel in a thread's own scan (the pixel-row saving epilogue). In TF32 the infinite inputs go to the guard, whose
+    saving variant computes the image."""
+    spec = harness.PRECISIONS[precision]
+    torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+    ref, _ = _cuda_models(33)
+    ref = ref.to(spec.dtype)
+    x = make_input((1, 16, 8, 8), seed=6, device="cuda").to(spec.dtype)
+    x[0, 0, 3, 3], x[0, 1, 3, 3] = float("inf"), -float("inf")
+    w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
+    channels = torch.conv2d(x.double(), w.double(), b.double())[0, :, 2, 2]
+    first_nan = int(torch.isnan(channels).nonzero()[0])
+    assert not torch.isnan(channels[first_nan + 1:]).all(), "no number after the first NaN channel"
+    out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    assert torch.isnan(pre_min[0, 0, 2, 2]) and torch.isnan(out[0, 0, 2, 2]), float(pre_min[0, 0, 2, 2])
+    assert int(argmin[0, 0, 2, 2]) == first_nan, (int(argmin[0, 0, 2, 2]), first_nan)
+    assert torch.equal(torch.isnan(out), torch.isnan(_run(ref, x)))
+
+
 BIAS_CASES = {
     # needs 21 significant bits: rounded to TF32 (either way) it is 4.9e-4 off, 1.2e-4 after the tanhs
     "beyond_tf32": -(1 + 2.0 ** -11 + 2.0 ** -20),

@@ -72,10 +72,10 @@ EDITS = (
      "        KB25_STAMP(0);\n"),
     # "rows": the rows waited for before start() (wgmma waits for the newest one inside it, within "issue")
     ("        rows += fresh - now;\n", "        rows += fresh - now;\n        KB25_STAMP(1);\n"),
-    ("        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n"
+    ("          mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n        }\n"
      "        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n"
      "        mainloop.finish(acc, release_oldest);\n",
-     "        mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n"
+     "          mainloop.start(acc, window, col0, OW, release_oldest, [&] { rows_in.wait(newest); });\n        }\n"
      "        KB25_STAMP(2);\n"
      "        if (s != begin) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n        KB25_STAMP(3);\n"
      "        mainloop.finish(acc, release_oldest);\n        KB25_STAMP(4);\n"),

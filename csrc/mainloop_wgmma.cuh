@@ -167,8 +167,8 @@ struct WgmmaMainloop {
   // (M) and B = the weights (N = the 64 channels), kTileCols / 64 instructions a k-step. A thread then holds all 16
   // of its channels' values of a pixel, in channel order, and finds the argmin among them without shuffles (the
   // channel-carrying lane butterfly ran the saving variant at 2.5-3.3 times the inference one: docs/perf-notes.md,
-  // "Saving forward"). The tensor cores read twice the shared-memory bytes a k-step (each N = 64 MMA reads A and
-  // B), which the inference variants, paced by the MMAs, would pay for.
+  // "Training and the saving forward"). The tensor cores read 1.6 times the shared-memory bytes a k-step (each
+  // N = 64 MMA reads A and B), which the inference variants, paced by the MMAs, would pay for.
   static constexpr bool kPixelRowsFit = kBiasByMma && Geometry::kTileCols % 64 == 0;
   static constexpr int kPixelTiles = Geometry::kTileCols / 64;
   // Sub-tile s of a pixel-row accumulator: pixels 64 s .. 64 s + 63, float[8][4] (the N = 64 D fragment).

@@ -508,9 +508,9 @@ struct RowCursor {
 
 // How a consumer's steps reach memory (FUSED_TABLE's write and write_buffers columns). kInline: the consumer writes
 // each step itself, while the next step's MMAs run. kHanded (wgmma): its inference variant stages each step's minima
-// (16-bit: packed two to a word; TF32 on fp16 operands: the butterfly's fp32 minima of the 4 warps) into one of
-// kBuffers buffers, and its producer threads write them (HandedWrites); the saving variant of the same kernel writes
-// inline from the same shared-memory layout.
+// (16-bit: packed two to a word; TF32 on fp16 operands: the butterfly's fp32 minima of the 4 warps), its saving
+// variant each pixel's min and argmin, into one of kBuffers buffers, and its producer threads write them
+// (HandedWrites).
 enum class WriteSchedule { kInline, kHanded };
 template <WriteSchedule kWrite, int kBuffers_>
 struct Schedule {
@@ -1890,7 +1890,7 @@ struct WgmmaMainloop {
   // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  // B of the bias k-step, N x K, needs no layout: its descriptor's core matrices, along K and along N, are
+  // B of the bias k-step (A with kPixelRows), N x K, needs no layout: its descriptor's core matrices, along K and along N, are
   // kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 .. kGroupChannels - 1 of one
   // column, the same pattern wherever it looks (a whole N x K tile would not fit beside TF32's five slots).
   static constexpr int kOnesStride = 16;
@@ -2098,12 +2098,13 @@ struct WgmmaEpilogue {
   static constexpr bool kPacked = !kSave && kStagesPacked;
   // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
   // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
-  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
-  // channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
+  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). 3xTF32's saving variant's 2-byte
+  // channel stores beside them (kFinal = 4, skew 8) hit each bank once; at a skew of 4 they were 2-way conflicted.
   static constexpr int kSkew = kFinal != 8 ? 8 : 4;
   static constexpr int kRedPitch = kTileCols + kTileCols / 32 * kSkew;
   static constexpr int kBufferFloats = 4 * kRedPitch;
-  // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
+  // Two butterfly buffers of minima, then two of their channels (one byte each, saving only: within the warp, or
+  // 0..63 with kPixelRows).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
   // kPixelRows (the saving variants of the one-product kernels, WgmmaMainloop::start): lane (g, t) of warp w holds
   // pixels 64 s + 16 w + g (i = 0, 1) and + 8 (i = 2, 3) of sub-tile s, channels 8 j + 2 t + (i & 1) in acc[8 s + j].
@@ -2124,7 +2125,7 @@ struct WgmmaEpilogue {
   static_assert(!kPixelRows || kStageBytes >= kRedPitch * 5, "a pixel-row stage: the minima, then their channels");
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
-  // Per consumer, one layout for both variants of a kernel (handed: room for either kind of buffer).
+  // Per consumer, one layout for both variants of a kernel (handed: the stage buffers only).
   static constexpr int kSmemBytes = kHandsOff ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;
@@ -3134,8 +3135,8 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
 // there (handed write schedule: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for
 // the step's new rows, issue the MMAs over the 3-row window (wgmma TF32 and 16-bit: those over the two older rows
-// before waiting for the newest), write the previous step while they run (handed inference: no write, its producer
-// threads do it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without
+// before waiting for the newest), write the previous step while they run (handed: no write, its producer threads do
+// it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -3231,11 +3232,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce(writer);
       }
     } else {
-      // The handed-write kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
+      // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
       // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at
       // each step's top, where the read's latency sat between the reduce and the next step's first MMA (the inline
       // TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather than a
-      // branch around them.
+      // branch around them. Their saving variants keep the plain loop (their epilogue is another one, and not timed
+      // with it).
       constexpr bool kHandedLoop = Traits::Schedule::kHanded && !kSave;
       unsigned tid = threadIdx.x;
       if constexpr (kHandedLoop) asm volatile("" : "+r"(tid));
@@ -3251,7 +3253,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
-      // so the tensor cores do not idle through the epilogue (handed inference: the producer's threads write it). No
+      // so the tensor cores do not idle through the epilogue (handed: the producer's threads write it). No
       // MMA stays in flight across the loop's back edge.
       typename Epilogue::Partial pending;
       int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)
@@ -4378,7 +4380,7 @@ def saves_argmin(x, weight):
 
 # Whether a forward that autograd records saves the argmin and pre-tanh min (kb25::conv_min_tanh2_with_argmin) or
 # runs the inference kernel and leaves them to its backward (kb25::conv_min_tanh2, whose backward runs the saving
-# forward first). The saving forward costs about twice the inference one (docs/perf-notes.md), and a forward
+# forward first). The saving forward costs 1.2-1.5 times the inference one (docs/perf-notes.md), and a forward
 # with grad enabled is not always followed by a backward (KernelBench times ModelNew with grad enabled), so a
 # process starts without saving and saves from the first backward through the op on: a training loop recomputes
 # once. Both give the same gradients, bit for bit. Process-wide, like emulate_device: the state lives in a module of

@@ -1495,7 +1495,9 @@ def test_saving_forward_takes_the_first_nan_channel(precision, tf32_default):
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
     channels = torch.conv2d(x.double(), w.double(), b.double())[0, :, 2, 2]
     first_nan = int(torch.isnan(channels).nonzero()[0])
-    assert not torch.isnan(channels[first_nan + 1:]).all(), "no number after the first NaN channel"
+    # the wgmma pixel-row scan: the thread holding channel c holds every channel of the same (c % 8) // 2
+    later = [c for c in range(first_nan + 1, 64) if (c % 8) // 2 == (first_nan % 8) // 2]
+    assert not torch.isnan(channels[later]).all(), "no number after the first NaN channel in its thread's scan"
     out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
     assert torch.isnan(pre_min[0, 0, 2, 2]) and torch.isnan(out[0, 0, 2, 2]), float(pre_min[0, 0, 2, 2])
     assert int(argmin[0, 0, 2, 2]) == first_nan, (int(argmin[0, 0, 2, 2]), first_nan)

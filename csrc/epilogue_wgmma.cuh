@@ -45,12 +45,13 @@ struct WgmmaEpilogue {
   static constexpr bool kPacked = !kSave && kStagesPacked;
   // Butterfly buffers: each 32 pixels of a row start kSkew floats further on, so that a half-warp's float2 stores
   // touch each bank once (its four lane groups 8 kFinal pixels apart: with 8 floats of skew per 32 pixels, kFinal = 8
-  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). The saving variants' 2-byte
-  // channel stores beside them are 2-way conflicted at a skew of 4 (1-way at 8).
+  // put two of them on the same banks, 1.08 M excess wavefronts in the TF32 kernel). 3xTF32's saving variant's 2-byte
+  // channel stores beside them (kFinal = 4, skew 8) hit each bank once; at a skew of 4 they were 2-way conflicted.
   static constexpr int kSkew = kFinal != 8 ? 8 : 4;
   static constexpr int kRedPitch = kTileCols + kTileCols / 32 * kSkew;
   static constexpr int kBufferFloats = 4 * kRedPitch;
-  // Two butterfly buffers of minima, then two of their channels within the warp (one byte each, saving only).
+  // Two butterfly buffers of minima, then two of their channels (one byte each, saving only: within the warp, or
+  // 0..63 with kPixelRows).
   static constexpr int kButterflyBytes = 2 * kBufferFloats * 4 + (2 * kBufferFloats + 15) / 16 * 16;
   // kPixelRows (the saving variants of the one-product kernels, WgmmaMainloop::start): lane (g, t) of warp w holds
   // pixels 64 s + 16 w + g (i = 0, 1) and + 8 (i = 2, 3) of sub-tile s, channels 8 j + 2 t + (i & 1) in acc[8 s + j].
@@ -71,7 +72,7 @@ struct WgmmaEpilogue {
   static_assert(!kPixelRows || kStageBytes >= kRedPitch * 5, "a pixel-row stage: the minima, then their channels");
   static constexpr int kStages = Schedule::kBuffers;
   static constexpr int kHandOffStages = Schedule::kHanded ? kStages : 0;  // (full, empty) barrier pairs, both variants
-  // Per consumer, one layout for both variants of a kernel (handed: room for either kind of buffer).
+  // Per consumer, one layout for both variants of a kernel (handed: the stage buffers only).
   static constexpr int kSmemBytes = kHandsOff ? kStages * kStageBytes : kButterflyBytes;
   static_assert(kFinal % 2 == 0, "float2 stores");
   float* const red;

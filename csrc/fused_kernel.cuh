@@ -209,8 +209,8 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
 // there (handed write schedule: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for
 // the step's new rows, issue the MMAs over the 3-row window (wgmma TF32 and 16-bit: those over the two older rows
-// before waiting for the newest), write the previous step while they run (handed inference: no write, its producer
-// threads do it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without
+// before waiting for the newest), write the previous step while they run (handed: no write, its producer threads do
+// it), release the rows no later step needs once the MMAs have read them, and reduce the step. Without
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -306,11 +306,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         produce(writer);
       }
     } else {
-      // The handed-write kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
+      // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
       // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at
       // each step's top, where the read's latency sat between the reduce and the next step's first MMA (the inline
       // TF32 and 3xTF32 kernels were slower with it); and a strip's end releases by predicated arrivals rather than a
-      // branch around them.
+      // branch around them. Their saving variants keep the plain loop (their epilogue is another one, and not timed
+      // with it).
       constexpr bool kHandedLoop = Traits::Schedule::kHanded && !kSave;
       unsigned tid = threadIdx.x;
       if constexpr (kHandedLoop) asm volatile("" : "+r"(tid));
@@ -326,7 +327,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
       // The previous step, reduced but not yet written: its write runs while this step's MMAs are in flight (wgmma),
-      // so the tensor cores do not idle through the epilogue (handed inference: the producer's threads write it). No
+      // so the tensor cores do not idle through the epilogue (handed: the producer's threads write it). No
       // MMA stays in flight across the loop's back edge.
       typename Epilogue::Partial pending;
       int64_t pending_row = 0;  // the output row's first pixel (the pointers are rebuilt from it: fewer registers)

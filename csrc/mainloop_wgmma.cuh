@@ -71,7 +71,7 @@ struct WgmmaMainloop {
   // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  // B of the bias k-step, N x K, needs no layout: its descriptor's core matrices, along K and along N, are
+  // B of the bias k-step (A with kPixelRows), N x K, needs no layout: its descriptor's core matrices, along K and along N, are
   // kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 .. kGroupChannels - 1 of one
   // column, the same pattern wherever it looks (a whole N x K tile would not fit beside TF32's five slots).
   static constexpr int kOnesStride = 16;

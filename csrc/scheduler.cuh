@@ -59,9 +59,9 @@ struct RowCursor {
 
 // How a consumer's steps reach memory (FUSED_TABLE's write and write_buffers columns). kInline: the consumer writes
 // each step itself, while the next step's MMAs run. kHanded (wgmma): its inference variant stages each step's minima
-// (16-bit: packed two to a word; TF32 on fp16 operands: the butterfly's fp32 minima of the 4 warps) into one of
-// kBuffers buffers, and its producer threads write them (HandedWrites); the saving variant of the same kernel writes
-// inline from the same shared-memory layout.
+// (16-bit: packed two to a word; TF32 on fp16 operands: the butterfly's fp32 minima of the 4 warps), its saving
+// variant each pixel's min and argmin, into one of kBuffers buffers, and its producer threads write them
+// (HandedWrites).
 enum class WriteSchedule { kInline, kHanded };
 template <WriteSchedule kWrite, int kBuffers_>
 struct Schedule {

@@ -219,7 +219,7 @@ def saves_argmin(x, weight):
 
 # Whether a forward that autograd records saves the argmin and pre-tanh min (kb25::conv_min_tanh2_with_argmin) or
 # runs the inference kernel and leaves them to its backward (kb25::conv_min_tanh2, whose backward runs the saving
-# forward first). The saving forward costs about twice the inference one (docs/perf-notes.md), and a forward
+# forward first). The saving forward costs 1.2-1.5 times the inference one (docs/perf-notes.md), and a forward
 # with grad enabled is not always followed by a backward (KernelBench times ModelNew with grad enabled), so a
 # process starts without saving and saves from the first backward through the op on: a training loop recomputes
 # once. Both give the same gradients, bit for bit. Process-wide, like emulate_device: the state lives in a module of

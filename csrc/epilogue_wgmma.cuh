@@ -225,7 +225,8 @@ struct WgmmaEpilogue {
         const int send_c = upper ? c[i] : c[i + half], keep_c = upper ? c[i + half] : c[i];
         float kept = keep;
         int kept_c = keep_c;
-        keep_min(kept, kept_c, __shfl_xor_sync(0xffffffffu, send, 1 << b), __shfl_xor_sync(0xffffffffu, send_c, 1 << b));
+        keep_min(kept, kept_c, __shfl_xor_sync(0xffffffffu, send, 1 << b),
+                 __shfl_xor_sync(0xffffffffu, send_c, 1 << b));
         m[i] = kept;
         c[i] = kept_c;
       }

@@ -71,9 +71,10 @@ struct WgmmaMainloop {
   // bias instead.
   static constexpr bool kBiasByMma = Multiply::kBiasByMma;
   static constexpr int kWeightBytes = (Geometry::kKSteps + (kBiasByMma ? 1 : 0)) * kAStepBytes;  // one copy
-  // B of the bias k-step (A with kPixelRows), N x K, needs no layout: its descriptor's core matrices, along K and along N, are
-  // kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 .. kGroupChannels - 1 of one
-  // column, the same pattern wherever it looks (a whole N x K tile would not fit beside TF32's five slots).
+  // B of the bias k-step (A with kPixelRows), N x K, needs no layout: its descriptor's core matrices, along K and
+  // along N, are kOnesStride bytes apart (overlapping), so every 16 bytes the MMA reads hold k rows 0 ..
+  // kGroupChannels - 1 of one column, the same pattern wherever it looks (a whole N x K tile would not fit beside
+  // TF32's five slots).
   static constexpr int kOnesStride = 16;
   static constexpr int kOnesBytes = kBiasByMma ? (Geometry::kTileCols / 8) * kOnesStride + 128 : 0;
   // The ones come first and the weights after them: compute-sanitizer sizes the ones operand as a dense N x K tile
@@ -172,7 +173,9 @@ struct WgmmaMainloop {
   static constexpr bool kPixelRowsFit = kBiasByMma && Geometry::kTileCols % 64 == 0;
   static constexpr int kPixelTiles = Geometry::kTileCols / 64;
   // Sub-tile s of a pixel-row accumulator: pixels 64 s .. 64 s + 63, float[8][4] (the N = 64 D fragment).
-  __device__ static float (&pixel_tile(Accum& acc, int s))[8][4] { return *reinterpret_cast<float(*)[8][4]>(&acc[8 * s]); }
+  __device__ static float (&pixel_tile(Accum& acc, int s))[8][4] {
+    return *reinterpret_cast<float(*)[8][4]>(&acc[8 * s]);
+  }
   template <bool kPixelRows = false, class Release, class WaitNewest>
   __device__ void start(Accum& acc, unsigned char* const (&rows)[3], int, int, const Release&,
                         const WaitNewest& wait_newest) {

@@ -208,10 +208,22 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   const int col_blocks = (OW + G::kCols - 1) / G::kCols;
   int64_t begin, end;
   step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
-  // Step s: output row oy = s % OH of column strip cb, image n (rows fastest).
-  const auto oy_of = [&](int64_t s) { return (int)(s % OH); };
-  const auto cb_of = [&](int64_t s) { return (int)((s / OH) % col_blocks); };
-  const auto n_of = [&](int64_t s) { return s / ((int64_t)OH * col_blocks); };
+  // Step s: output row oy of column strip cb of image n (rows fastest). Found by divisions for the first step, then
+  // advanced from step to step: 64-bit divisions take hundreds of cycles each.
+  struct Step {
+    int64_t n;
+    int cb, oy;
+  };
+  const auto following = [&](Step t) {
+    if (++t.oy == OH) {
+      t.oy = 0;
+      if (++t.cb == col_blocks) {
+        t.cb = 0;
+        ++t.n;
+      }
+    }
+    return t;
+  };
   // Input row y of the strip into registers (row_next), then into its ring slot y % kKsize.
   float row_next[G::kRowPerThread];
   // Bit i: this thread stored a non-finite input into ring slot i (it stores the same positions of every row, so the
@@ -243,20 +255,21 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   Elem g_next{};
   float m_next = 0.f;
   int k_next = -1;
-  const auto load_pixel = [&](int64_t s) {
-    const int ox = cb_of(s) * G::kCols + threadIdx.x;
+  const auto load_pixel = [&](Step t) {
+    const int ox = t.cb * G::kCols + threadIdx.x;
     k_next = -1;
     if (warp < G::kSortWarps && ox < OW) {
-      const int64_t pix = (n_of(s) * OH + oy_of(s)) * OW + ox;
+      const int64_t pix = (t.n * OH + t.oy) * OW + ox;
       g_next = g[pix];
       m_next = pre_min[pix];
       k_next = argmin[pix];
     }
   };
-  if (begin < end) load_pixel(begin);
-  for (int64_t s = begin; s < end; ++s) {
-    const int oy = oy_of(s), cb = cb_of(s);
-    const int64_t n = n_of(s);
+  Step step{begin / ((int64_t)OH * col_blocks), (int)((begin / OH) % col_blocks), (int)(begin % OH)};
+  if (begin < end) load_pixel(step);
+  for (int64_t s = begin; s < end; ++s, step = following(step)) {
+    const int oy = step.oy, cb = step.cb;
+    const int64_t n = step.n;
     const int count = min(G::kCols, OW - cb * G::kCols);
     if (s == begin || oy == 0) {  // a new strip: its window's three rows
       for (int i = 0; i < G::kKsize; ++i) {
@@ -313,7 +326,7 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     // The next step's row and pixels, in flight while this step is summed.
     const bool next_continues = s + 1 < end && oy + 1 < OH;
     if (next_continues) load_row(n, cb, oy + G::kKsize);
-    if (s + 1 < end) load_pixel(s + 1);
+    if (s + 1 < end) load_pixel(following(step));
     if (e < G::kWalkers) {
       const bool is_bias = e == G::kEntries;
       const float* const my_x = xs + ((oy + walker_i) % G::kKsize * G::kCin + walker_c) * G::kXPitch + walker_j;
@@ -367,7 +380,17 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kern
   const int at = blockIdx.x * blockDim.x + threadIdx.x;
   if (at >= G::kCout * G::kPartial) return;
   double sum = 0.0;  // in double: a few hundred partials, some of which cancel
-  for (int b = 0; b < blocks; ++b) sum += partial[(int64_t)b * G::kCout * G::kPartial + at];
+  const float* const p = partial + at;
+  const int64_t pitch = G::kCout * G::kPartial;
+  int b = 0;
+  for (; b + 4 <= blocks; b += 4) {  // four loads in flight, added in order
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = p[(b + u) * pitch];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum += v[u];
+  }
+  for (; b < blocks; ++b) sum += p[b * pitch];
   const int k = at / G::kPartial, e = at % G::kPartial;
   if (e < G::kEntries) {
     if (dw) dw[k * G::kEntries + e] = convert<Elem>(sum);

@@ -440,9 +440,41 @@ MUTANTS = {
     ),
     # dW drops the last pixels of every k's run (those after the last group of four)
     "grad_weight_drops_run_tails": (
-        "        for (; at < to; ++at) {\n          const int2 item = list[at];",
-        "        for (; at < to && false; ++at) {\n          const int2 item = list[at];",
+        "    for (; at < to; ++at) {\n      const int2 item = list[at];",
+        "    for (; at < to && false; ++at) {\n      const int2 item = list[at];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the tensor-core dW skips a chunk's last block of 16 k (a chunk whose pixels span two blocks loses the later)
+    "grad_weight_mma_skips_the_last_block": (
+        "if (b < b_lo || b > b_hi) continue;",
+        "if (b < b_lo || b >= b_hi) continue;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the tensor-core dW leaves its sums at the fp16 operands' scale
+    "grad_weight_mma_scale_not_undone": (
+        "const float undo = G::pow2(-scale);",
+        "const float undo = 1.f;",
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+    ),
+    # the tensor-core dW keeps its sums at the old scale when a larger gradient lowers it
+    "grad_weight_mma_keeps_the_old_scale": (
+        "const float f = step_scale - scale < -126 ? 0.f : G::pow2(step_scale - scale);",
+        "const float f = 1.f;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the tensor-core dW truncates x to TF32 instead of rounding it as the reference's TF32 conv does
+    "grad_weight_mma_truncates_x": (
+        "const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));",
+        "const uint32_t lo = Native16<__half>::pack2(__uint_as_float(__float_as_uint(row_next[u][0]) & 0xFFFFE000u), "
+        "__uint_as_float(__float_as_uint(row_next[u][1]) & 0xFFFFE000u));",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the tensor-core dW multiplies a step with a NaN or an infinity in its window instead of walking it
+    "grad_weight_mma_never_walks": (
+        "bool walk = bad_slots != 0;",
+        "bool walk = false;",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (
@@ -485,27 +517,27 @@ MUTANTS = {
     "grad_weight_forgets_zero_times_nan": (
         "      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-strict_fp32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-strict_fp32")],
     ),
     # dX forgets the reference's 0 * inf for an infinite weight of another channel
     "grad_input_forgets_zero_times_inf": (
         "            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100-strict_fp32")],
     ),
     # dW's non-finite flag covers only the newest row of the window, not the three rows it holds
     "grad_weight_flags_only_the_newest_row": (
         "bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;",
         "bad_slots = bad ? bit : 0u;",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-strict_fp32")],
     ),
     # NaN in one channel loses to the numbers of the others (precedes lets a number win over a NaN)
     "nan_loses_to_numbers": (
         "if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);",
         "if (a_nan || b_nan) return b_nan && (!a_nan || ia < ib);",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100"),
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-strict_fp32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100-strict_fp32"),
          "test_argmin_order_is_torch_mins_in_any_fold_order"],
     ),
     # forwards under autograd ignore the saving switch (always the inference op)

@@ -50,7 +50,7 @@ def parse_args():
     p.add_argument("--skip-portability", action="store_true",
                    help="do not time what each GPU profile of harness.DEVICE_PROFILES runs (emulated on this GPU)")
     p.add_argument("--skip-training", action="store_true",
-                   help="do not time the training step and the autocast forward")
+                   help="do not time the training steps, kernels and forms, nor the autocast forward")
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--commit", default=None,
@@ -327,6 +327,130 @@ def bench_training(args, init, shape):
     return out
 
 
+# Issue-45 training table: every form, batch and precision of the step a user runs, in one process.
+TRAIN_FORMS = ("params_only", "x_and_params")
+TRAIN_FORM_NS = (32, 128)
+TRAIN_FORM_PRECISIONS = ("tf32", "bf16")
+
+
+def _peak_mb(step):
+    """The peak memory one call of step allocates above what was allocated before it, in MB."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 1e6
+
+
+def bench_training_forms(args, init, shape):
+    """Each training form, batch and precision: the step's median time (CUDA events, L2 flushed before each step) for
+    the reference, torch.compile(reference) (default mode: the anchor a training user would otherwise pick) and
+    ModelNew, and the peak memory above the inputs for the reference and ModelNew. params_only: the data needs no
+    grad and the loss is the MSE against a fixed target (a training loop's step); x_and_params: x needs grad too and
+    the output takes backward(g) (bench_training's form). A list of {"form", "n", "precision", "ms", "peak_mb"}."""
+    forms = []
+    for precision in TRAIN_FORM_PRECISIONS:
+        spec = harness.PRECISIONS[precision]
+        torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+        for n in TRAIN_FORM_NS:
+            oh, ow = shape[2] - init[2] + 1, shape[3] - init[2] + 1
+            gen = torch.Generator("cuda").manual_seed(args.seed + 5)
+            x0 = harness.make_input((n, *shape[1:]), seed=args.seed + 4, device="cuda").to(spec.dtype)
+            target = (2 * torch.rand(n, 1, oh, ow, generator=gen, device="cuda") - 1).to(spec.dtype)
+            g = torch.randn(n, 1, oh, ow, generator=gen, device="cuda").to(spec.dtype)
+            for form in TRAIN_FORMS:
+                ref, new = (m.train().to(spec.dtype) for m in harness.make_models(args.seed, init, device="cuda"))
+                x = x0.detach().requires_grad_(form == "x_and_params")
+                entry = {"form": form, "n": n, "precision": precision, "ms": {}, "peak_mb": {}}
+                for name, model in (("reference", ref), ("reference_compiled", torch.compile(ref)),
+                                    ("model_new", new)):
+                    def step():
+                        model.zero_grad(set_to_none=True)
+                        x.grad = None
+                        out = model(x)
+                        if form == "params_only":
+                            torch.nn.functional.mse_loss(out, target).backward()
+                        else:
+                            out.backward(g)
+
+                    step()  # compiles, or builds what the first backward builds
+                    if name != "reference_compiled":
+                        entry["peak_mb"][name] = _peak_mb(step)
+                    # 10 trials a model: steps of 1-16 ms, and the 8 compiles keep bench.py within its 10 minutes
+                    entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
+                                                                            warmup=args.warmup))
+                ms = entry["ms"]
+                entry["vs_reference"] = ms["reference"] / ms["model_new"]
+                entry["vs_reference_compiled"] = ms["reference_compiled"] / ms["model_new"]
+                forms.append(entry)
+                log(f"[training forms] {form:12s} N={n:3d} {precision}: reference {ms['reference']:.3f}, compiled "
+                    f"{ms['reference_compiled']:.3f}, ModelNew {ms['model_new']:.3f} ms ({entry['vs_reference']:.1f}x / "
+                    f"{entry['vs_reference_compiled']:.1f}x); peak {entry['peak_mb']['reference']:.0f} / "
+                    f"{entry['peak_mb']['model_new']:.0f} MB")
+                del ref, new, x
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+            del x0, target, g
+    torch.backends.cudnn.allow_tf32 = True
+    return forms
+
+
+def bench_training_kernels(args, init, shape):
+    """At N = 128 in TF32: the median time of each kernel a training step runs, on its own (L2 flushed): the
+    inference forward, the saving forward, the weight gradient (dW and db, with its partials' reduce) and the input
+    gradient."""
+    import model_new
+
+    torch.backends.cudnn.allow_tf32 = True
+    _, new = harness.make_models(args.seed, init, device="cuda")
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    x = harness.make_input((128, *shape[1:]), seed=args.seed + 6, device="cuda")
+    auto = model_new.OP_BACKENDS.index("auto")
+    with torch.no_grad():
+        out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, auto)
+        g = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(args.seed + 7), device="cuda")
+        backward = torch.ops.kb25.conv_min_tanh2_backward
+        kernels = {
+            "inference_forward": lambda: model_new.conv_min_tanh2(x, w, b, auto),
+            "saving_forward": lambda: model_new.conv_min_tanh2_with_argmin(x, w, b, auto),
+            "grad_weight": lambda: backward(g, x, w, argmin, pre_min, False, True, True),
+            "grad_input": lambda: backward(g, x, w, argmin, pre_min, True, False, False),
+        }
+        out_ms = {name: statistics.median(harness.time_cuda(fn, trials=args.trials, warmup=args.warmup))
+                  for name, fn in kernels.items()}
+    log("[training kernels] N=128 tf32: " + ", ".join(f"{k} {v:.3f} ms" for k, v in out_ms.items()) +
+        f"; saving / inference {out_ms['saving_forward'] / out_ms['inference_forward']:.2f}x")
+    del x, out, argmin, pre_min, g
+    torch.cuda.empty_cache()
+    return out_ms
+
+
+def bench_strict_grad_err(args, init, shape):
+    """In strict fp32 (TF32 off) at N = TRAIN_N: each gradient's relative error against the float64 truth, for
+    ModelNew and the reference (x and the parameters needing grad, backward(g))."""
+    torch.backends.cudnn.allow_tf32 = False
+    ref, new = (m.train() for m in harness.make_models(args.seed, init, device="cuda"))
+    x = harness.make_input((TRAIN_N, *shape[1:]), seed=args.seed + 2, device="cuda").requires_grad_(True)
+    oh, ow = shape[2] - init[2] + 1, shape[3] - init[2] + 1
+    g = torch.randn(TRAIN_N, 1, oh, ow, generator=torch.Generator("cuda").manual_seed(args.seed + 3), device="cuda")
+    truth = harness.float64_grads(x.detach(), ref.conv.weight.detach(), ref.conv.bias.detach(), g)
+    errs = {}
+    for name, model in (("model_new", new), ("reference", ref)):
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        model(x).backward(g)
+        grads = (x.grad, model.conv.weight.grad, model.conv.bias.grad)
+        errs[name] = {k: harness.relative_error(v, t) for k, v, t in zip(("x", "weight", "bias"), grads, truth)}
+    log("[strict gradients] relative error vs float64, ModelNew / reference: " +
+        ", ".join(f"{k} {errs['model_new'][k]:.2e} / {errs['reference'][k]:.2e}" for k in errs["model_new"]))
+    torch.backends.cudnn.allow_tf32 = True
+    del ref, new, x, g, truth
+    torch.cuda.empty_cache()
+    return errs
+
+
 def bench_autocast(args, init, shape):
     """ModelNew and the reference in float32 under torch.autocast("cuda", dtype), no grad: the output's dtype, the
     fused kernel that runs (the one for the autocast dtype that reads float32 x), the median time (the weights' cast
@@ -411,6 +535,9 @@ def main():
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
     portability = {} if args.skip_portability else bench_portability(args, init, shape)
     training = None if args.skip_training else bench_training(args, init, shape)
+    training_kernels = None if args.skip_training else bench_training_kernels(args, init, shape)
+    strict_grad_err = None if args.skip_training else bench_strict_grad_err(args, init, shape)
+    training_forms = None if args.skip_training else bench_training_forms(args, init, shape)
     autocast = None if args.skip_training else bench_autocast(args, init, shape)
     spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):
@@ -459,6 +586,9 @@ def main():
         "modes": modes,
         "portability": portability,
         "training": training,
+        "training_forms": training_forms,
+        "training_kernels_ms": training_kernels,
+        "training_strict_grad_err": strict_grad_err,
         "autocast": autocast,
         "host_us": host_us,
         "import_s": import_s,

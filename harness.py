@@ -150,13 +150,25 @@ def float64_grads(x, weight, bias, grad_out):
     return x64.grad, model.conv.weight.grad, model.conv.bias.grad
 
 
-def routed_float64_grads(x, weight, argmin, pre_min, grad_out):
+def routed_float64_grads(x, weight, argmin, pre_min, grad_out, weight_operands=None):
     """The reference's backward chain in float64 through a given argmin and pre-tanh min (one per output pixel, as
-    the fused forward saves them): model_new.backward_through_argmin on widened tensors. (x, weight, bias)."""
+    the fused forward saves them): model_new.backward_through_argmin on widened tensors. (x, weight, bias).
+    `weight_operands` (round_tf32): the weight gradient's products on operands so mapped, x and the gradient at the
+    argmin (that one in float32 first), as a TF32 weight-gradient conv multiplies them; the sums in float64."""
     import model_new
 
-    return model_new.backward_through_argmin(grad_out.double(), x.double(), weight.double(), argmin.long(),
-                                             pre_min.double(), [True, True, True])
+    grads = model_new.backward_through_argmin(grad_out.double(), x.double(), weight.double(), argmin.long(),
+                                              pre_min.double(), [True, True, True])
+    if weight_operands is None:
+        return grads
+    t1 = torch.tanh(pre_min.double())
+    grad_m = torch.ops.aten.tanh_backward(torch.ops.aten.tanh_backward(grad_out.double(), torch.tanh(t1)), t1)
+    grad_m = weight_operands(grad_m.float()).double()
+    grad_y = grad_m.new_zeros(grad_m.shape[0], weight.shape[0], *grad_m.shape[2:]).scatter_(1, argmin.long(), grad_m)
+    dw = torch.ops.aten.convolution_backward(grad_y, weight_operands(x.float()).double(), weight.double(),
+                                             [weight.shape[0]], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                             [False, True, False])[1]
+    return grads[0], dw, grads[2]
 
 
 def relative_error(got, truth):

@@ -136,8 +136,7 @@ CUDA_SOURCE = r"""
 
 // The backward from the saved argmin and pre-tanh min: dX, dW and db, deterministic.
 
-// The arithmetic that decides the output's bits: NaN-propagating min, TF32 rounding and
-// splits, tanh(tanh(v)), and torch.min's order for the argmin.
+// Tensor-core instructions: mma.sync and wgmma wrappers, ldmatrix, wgmma fences and descriptors.
 
 // What every kernel builds on: the arch switches, conversions between element types, and PTX
 // wrappers for the synchronisation and data-movement instructions the kernels use.
@@ -211,9 +210,11 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
+                                                            int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);
@@ -324,6 +325,197 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
 }
 
 }  // namespace kb25
+
+namespace kb25 {
+
+// ================================================================ MMA atoms
+// Selects an MMA wrapper (wgmma and mma.sync) by operand type.
+template <class Elem>
+struct Operand {};
+
+// mma.sync m16n8kK, row.col, fp32 accumulate: K = 8 for TF32, 16 for bf16/fp16. Every operand register holds 4 bytes
+// (one TF32 value or two 16-bit ones), so the fragments have the same shape for every type: A four registers (rows
+// g and g + 8, the k-halves in turn), B two, C/D four (rows g, g + 8; columns 2t, 2t + 1).
+// Four 8x8 matrices of 16-bit elements (= 8 rows x 16 bytes each) from shared memory; lane 8i + r gives row r of
+// matrix i, and register i of lane 4r + c gets bytes 4c..4c+3 of that row. For the A fragment: matrix 0 = rows 0-7,
+// k-half 0; 1 = rows 8-15, k-half 0; 2 = rows 0-7, k-half 1; 3 = rows 8-15, k-half 1, for TF32 and 16-bit alike.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// The same loads transposed: register i of lane 4r + c gets the elements at rows 2 c and 2 c + 1 of column r of
+// matrix i: the B fragment of mma.sync m16n8k16 from a matrix stored with k down its rows (two matrices: k 0-7, 8-15).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+#endif
+}
+
+// Warpgroup MMA runs asynchronously: registers it accumulates into must stay untouched until wgmma.wait_group;
+// fence_operand() pins a value in its registers across that window.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// Shared-memory matrix descriptor, no swizzle: start address, then the byte offsets between 8-row x 16-byte core
+// matrices along K (leading) and along M/N (stride), each field in 16-byte units.
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offset_bytes, uint32_t mn_offset_bytes) {
+  return (uint64_t)((smem_u32(smem) >> 4) & 0x3FFF) | ((uint64_t)((k_offset_bytes >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((mn_offset_bytes >> 4) & 0x3FFF) << 32);
+}
+
+}  // namespace kb25
+
+// Generated by tools/bundle.py from python/constants.py: edit those, not this file.
+// mma.sync wrappers with fp32 accumulators, one pair per operand type: D += A * B and D = A * B + C.
+
+
+
+namespace kb25 {
+
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         Operand<float>) {
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
+                                         Operand<float>) {  // D = A * B + C
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
+#endif
+}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         Operand<__nv_bfloat16>) {
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
+                                         Operand<__nv_bfloat16>) {  // D = A * B + C
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
+#endif
+}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                         Operand<__half>) {
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
+                                         Operand<__half>) {  // D = A * B + C
+#if KB25_HAS_FUSED
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
+#endif
+}
+
+}  // namespace kb25
+// Generated by tools/bundle.py from python/constants.py: edit those, not this file.
+// wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows. D(64 x N) +=
+// A(64 x k) * B(k x N), both K-major shared-memory descriptors; D = A * B where kAccumulate is false (scale-d 0:
+// whatever D's registers held is not read, so they need no initial value).
+
+
+
+namespace kb25 {
+
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__half>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__nv_bfloat16>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<float>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<float>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__half>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__nv_bfloat16>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<float>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+
+}  // namespace kb25
+// The arithmetic that decides the output's bits: NaN-propagating min, TF32 rounding and
+// splits, tanh(tanh(v)), and torch.min's order for the argmin.
+
+
 
 namespace kb25 {
 
@@ -446,6 +638,384 @@ __host__ __device__ __forceinline__ void keep_min(float& v, int& i, float w, int
     i = j;
   }
 }
+
+}  // namespace kb25
+// Precision tags: how the conv's operands become tensor-core products (CUTLASS's multiply-add tags).
+
+// The multiply-add atoms a precision tag picks (CUTLASS's OpMultiplyAdd and OpMultiplyAddFastF32): how a weight is
+// stored for the tensor cores, and which MMAs one k-step issues, on wgmma and on mma.sync.
+
+
+
+
+namespace kb25 {
+
+// Pins a value in its registers across the window in which wgmma may still write them.
+template <int kN>
+__device__ __forceinline__ void pin(float (&acc)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
+}
+
+// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16; TF32
+// on fp16 operands). wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by
+// one more MMA (the tag's bias_part and ones).
+struct OneProduct {
+  static constexpr int kCopies = 1;  // a stored operand is one value
+  static constexpr bool kBiasByMma = true;
+  // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
+  // -0.5%; docs/perf-notes.md, "wgmma mainloop").
+  static constexpr bool kIssuesBeforeNewest = true;
+  template <class Tag, class O, class E>
+  __device__ static void store_weight(O* dst, int at, int, E v) {
+    dst[at] = Tag::to_tensor_core(v);
+  }
+  // The bias comes from its MMA: nothing to start from.
+  template <int kN, class Small>
+  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
+  // The k-step's MMA: D = A * B at the first k-step, D += A * B otherwise.
+  template <class Elem, bool kFirst, int kN, class Small>
+  __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
+    if constexpr (kFirst) {
+      wgmma_async<false>(acc, a, b, Operand<Elem>{});
+    } else {
+      wgmma_async(acc, a, b, Operand<Elem>{});
+    }
+  }
+  template <int kN, class Small>
+  __device__ static void wgmma_end(float (&)[kN][4], Small&) {}
+  // mma.sync: one m16n8 tile's product; at the first k-step C = the bias.
+  template <class Elem, bool kFirst, class Small>
+  __device__ static void mma_sync_tile(float (&acc)[4], Small&, const uint32_t (&a)[4], const uint32_t (&)[4],
+                                       const uint32_t (&bw)[2], const uint32_t (&)[2], float4 bias) {
+    if constexpr (kFirst) {
+      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});
+    } else {
+      mma_sync(acc, a, bw[0], bw[1], Operand<Elem>{});
+    }
+  }
+  template <class Accum, class Small>
+  __device__ static void mma_sync_end(Accum&, Small&) {}
+  template <int kN>
+  using WgmmaSmall = float[1][4];  // no small products
+};
+
+// 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
+// products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
+// accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
+// Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
+struct ThreeProducts {
+  static constexpr int kCopies = 2;  // a stored operand is big, then small
+  // wgmma: the accumulators start from the bias (moves), the small products from zero.
+  static constexpr bool kBiasByMma = false;
+  // wgmma: the whole window is waited for before the first MMA (issuing the older rows' MMAs first ran 9% slower;
+  // docs/perf-notes.md, "3xTF32").
+  static constexpr bool kIssuesBeforeNewest = false;
+  template <class Tag, class E>
+  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
+    float big, small;
+    Tag::split_weight(v, big, small);
+    dst[at] = big;
+    dst[at + copy_elems] = small;
+  }
+  // The accumulators from the bias (rows g, g + 8 of the warp's 16 channels), the small products from zero.
+  template <int kN>
+  __device__ static void wgmma_begin(float (&acc)[kN][4], float (&small)[kN][4], float bias_lo, float bias_hi) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      acc[j][0] = acc[j][1] = bias_lo;
+      acc[j][2] = acc[j][3] = bias_hi;
+      small[j][0] = small[j][1] = small[j][2] = small[j][3] = 0.f;
+    }
+    pin(small);
+  }
+  // small(w) * big(x), big(w) * small(x), big(w) * big(x): a_small and b_small are the descriptors' offsets to the
+  // small copies.
+  template <class Elem, bool kFirst, int kN>
+  __device__ static void wgmma_k_step(float (&acc)[kN][4], float (&small)[kN][4], uint64_t a, uint64_t b,
+                                      uint64_t a_small, uint64_t b_small) {
+    wgmma_async(small, a + a_small, b, Operand<float>{});
+    wgmma_async(small, a, b + b_small, Operand<float>{});
+    wgmma_async(acc, a, b, Operand<Elem>{});
+  }
+  template <int kN>
+  __device__ static void wgmma_end(float (&acc)[kN][4], float (&small)[kN][4]) {
+    pin(small);
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] += small[j][i];
+  }
+  // mma.sync: one m16n8 tile's three products (a, bw: the big parts; as, bs: the small ones); at the first k-step the
+  // big product's C is the bias, the small ones' zero.
+  template <class Elem, bool kFirst>
+  __device__ static void mma_sync_tile(float (&acc)[4], float (&small)[4], const uint32_t (&a)[4],
+                                       const uint32_t (&as)[4], const uint32_t (&bw)[2], const uint32_t (&bs)[2],
+                                       float4 bias) {
+    if constexpr (kFirst) {
+      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
+    } else {
+      mma_sync(small, a, bs[0], bs[1], Operand<float>{});
+    }
+    mma_sync(small, as, bw[0], bw[1], Operand<float>{});
+    OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
+  }
+  // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
+  __device__ static void split_fragment(uint32_t (&a)[4], uint32_t (&as)[4]) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float big, small;
+      split_tf32(__uint_as_float(a[r]), big, small);
+      a[r] = __float_as_uint(big);
+      as[r] = __float_as_uint(small);
+    }
+  }
+  // mma.sync: the small products join the accumulators once the step's MMAs are issued.
+  template <int kM, int kN>
+  __device__ static void mma_sync_end(float (&acc)[kM][kN][4], float (&small)[kM][kN][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kN; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
+  }
+  template <int kN>
+  using WgmmaSmall = float[kN][4];
+};
+
+}  // namespace kb25
+
+
+namespace kb25 {
+
+// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
+// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
+// (GuardList, Tf32RoundNearest only).
+struct UnscaledOperands {
+  static constexpr bool kGuardsRange = false;
+  static constexpr bool kRecomputesListed = false;
+  static constexpr int kScratchBytes = 0;
+  template <int kThreads, class E>
+  __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
+  __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
+  template <class E>
+  __device__ static E scale(E v, float) { return v; }
+  template <class E>
+  __device__ static bool inexact(E, float) { return false; }
+  template <class E>
+  __device__ static bool inexact_bias(E, float) { return false; }
+  __device__ static float unscale(float m, float) { return m; }
+  // The wgmma bias k-step (WgmmaMainloop, kBiasByMma): A's k column kk of an output channel (bias_part) against B's
+  // k row kk (ones). TF32: the bias as three TF32 parts (split_tf32_bias) in columns 0..2; 16-bit: the bias in column
+  // 0. B is all ones.
+  template <class M, class E>
+  __device__ static M bias_part(E bias, float, int kk) {
+    if constexpr (sizeof(M) == 4) {
+      float part[3];
+      split_tf32_bias(bias, part);
+      return kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
+    } else {
+      return kk == 0 ? bias : convert<M>(0.f);
+    }
+  }
+  template <class M>
+  __device__ static M ones(int) { return convert<M>(1.f); }
+};
+
+// How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
+// tag on the same kernel). A tag owns its conversions and picks its multiply (multiply.cuh): to_tensor_core(v) is what
+// the multipliers get for any weight or input value; to_slot(v, out) and to_registers(v, out) the faster ones for kN
+// input words in a slot that wgmma reads or that mma.sync loads into registers (where kFastNeedsNoNaN, right for
+// every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
+// into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
+// inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
+// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
+  using Elem = float;     // the weights, the bias, the output
+  using XElem = float;    // x
+  using MmaElem = float;  // what the slots hold and the tensor cores multiply
+  static constexpr int kMmaK = 8;
+  using Multiply = OneProduct;
+  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
+  static constexpr bool kRecomputesListed = true;
+  // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
+  static constexpr bool kTanhApprox = false;
+  __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
+  // Inputs, kN words at a time, into a slot that wgmma reads (low bits cleared) or that mma.sync loads into registers:
+  // a NaN comes out right only as 0x7FC00000 (kFastNeedsNoNaN).
+  static constexpr bool kFastNeedsNoNaN = true;
+  template <int kN>
+  __device__ static void to_slot(const uint32_t (&v)[kN], uint32_t (&out)[kN]) { round_to_tf32_words<true>(v, out); }
+  template <int kN>
+  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
+    round_to_tf32_words<false>(v, out);
+  }
+};
+struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
+  using Elem = float;
+  using XElem = float;
+  using MmaElem = float;
+  static constexpr int kMmaK = 8;
+  using Multiply = ThreeProducts;
+  static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference
+  __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
+  static constexpr bool kFastNeedsNoNaN = false;
+  template <int kN>
+  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = v[i];
+  }
+  __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
+  __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
+};
+// bf16 and fp16: operands as they come, fp32 accumulation. The 16-bit tags also own a packed min: pack2 rounds two
+// fp32 values to the element type into one word (lo in the low half), min2 takes the NaN-propagating min of each
+// half. Rounding is monotonic, so the min of rounded values is the rounded min, which the output's one rounding then
+// leaves as it is (the reference rounds its conv output to the element type before its min, too).
+template <class Elem_>
+struct Native16 : UnscaledOperands {
+  static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
+  using Elem = Elem_;
+  using XElem = Elem_;
+  using MmaElem = Elem_;
+  static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
+  static constexpr int kMmaK = 16;
+  using Multiply = OneProduct;
+  static constexpr bool kTanhApprox = true;  // tanh2
+  __device__ static Elem to_tensor_core(Elem v) { return v; }
+  __device__ static uint32_t pack2(float lo, float hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused && kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    if constexpr (kHasFused && !kBf16) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  __device__ static uint32_t min2(uint32_t a, uint32_t b) {
+    uint32_t r = 0;
+    if constexpr (kHasFused && kBf16) asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    if constexpr (kHasFused && !kBf16) asm("min.NaN.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+};
+
+// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
+// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
+// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
+template <class Elem_>
+struct Native16FromF32 : Native16<Elem_> {
+  using XElem = float;
+  static constexpr bool kFastNeedsNoNaN = false;
+  // Two input words into one word of two 16-bit values (lo in the low half).
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused && Native16<Elem_>::kBf16) {
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    if constexpr (kHasFused && !Native16<Elem_>::kBf16) {
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    }
+    return r;
+  }
+  // Every input has its 16-bit value: nothing is out of range.
+  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
+  static constexpr uint32_t kOutOfRange = 0;
+};
+
+// TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
+// 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
+// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
+// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
+// (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
+// sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
+// (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
+// (unscale): the order of the channels, and so the argmin, does not change.
+// The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
+// goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
+// image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
+// listed images; with none listed it returns at once.
+// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
+// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
+struct Tf32OnF16 {
+  using Elem = float;
+  using XElem = float;
+  using MmaElem = __half;
+  static constexpr int kMmaK = 16;
+  using Multiply = OneProduct;
+  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
+  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  static constexpr bool kGuardsRange = true;
+  static constexpr bool kRecomputesListed = false;
+  // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
+  static constexpr int kScratchBytes = 16;
+  // A (scaled) weight as the tensor cores get it.
+  __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
+  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused) {
+      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
+    }
+    return r;
+  }
+  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
+  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
+  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
+  static constexpr uint32_t kOutOfRange = 0x80008000u;
+  // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
+  // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
+  template <int kThreads>
+  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                                     uint32_t* scratch) {
+    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
+    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
+    atomicMax(scratch, m);
+    __syncthreads();
+    return scale_of(scratch);
+  }
+  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)|, kept within [-126, 126] (2^s and 2^-s normal
+  // floats): the scale (sign 1) or its inverse (-1).
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
+    int s = 15 - ((int)(scratch[0] >> 23) - 127);
+    s = s < -126 ? -126 : s > 126 ? 126 : s;
+    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+  }
+  __device__ static float scale(float v, float scale) { return v * scale; }
+  // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
+  // TF32 and scaled. Either lists every image.
+  // (inverse: 2^-s, exact).
+  __device__ static bool inexact(float v, float scale) {
+    const float scaled = round_to_tf32(v) * scale;
+    return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
+  }
+  // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
+  // scaled magnitude is 0 or within [2^-12, 65504].
+  __device__ static bool inexact_bias(float v, float scale) {
+    const float scaled = v * scale;
+    const float sum = __half2float(bias_part<__half>(v, scale, 0)) +
+                      (__half2float(bias_part<__half>(v, scale, 1)) * 0x1p-11f +
+                       __half2float(bias_part<__half>(v, scale, 2)) * 0x1p-22f);
+    return !(scaled * __frcp_rn(scale) == v && sum == scaled);
+  }
+  // The wgmma bias k-step: the scaled bias as three fp16 values p0 + p1 * 2^-11 + p2 * 2^-22, split_tf32_bias's parts
+  // (11 significant bits each, the last at most 2) with the second and third scaled up so that they stay fp16 values;
+  // B's k rows 0..2 hold 1, 2^-11, 2^-22 (2^-22: an fp16 subnormal, exact). Each product is exact.
+  template <class M>
+  __device__ static __half bias_part(float bias, float scale, int kk) {
+    float part[3];
+    split_tf32_bias(bias * scale, part);
+    return __float2half_rn(kk == 0 ? part[0] : kk == 1 ? part[1] * 0x1p11f : kk == 2 ? part[2] * 0x1p22f : 0.f);
+  }
+  template <class M>
+  __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
+  // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
+  __device__ static float unscale(float m, float inverse) { return m * inverse; }
+};
 
 }  // namespace kb25
 // Which steps (output row segments) each consumer computes, and in which order its input rows arrive.
@@ -887,6 +1457,317 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
 }
 
+// The largest finite |g| of the output's gradient (as bits; |gm| <= |g|), one value per CTA into maxima: the tensor
+// cores' dW scales its fp16 operands by it. Every CTA of the dW kernel reads all of them.
+template <class Elem>
+__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const Elem* __restrict__ g, int64_t count,
+                                                                          uint32_t* __restrict__ maxima) {
+  __shared__ uint32_t warp_max[8];
+  uint32_t m = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = fabsf(convert<float>(g[i]));
+    if (isfinite(v)) m = max(m, __float_as_uint(v));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, d));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = max(m, warp_max[w]);
+    maxima[blockIdx.x] = m;
+  }
+}
+
+// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
+// elsewhere, so that the source compiles for every arch.
+__device__ __forceinline__ uint32_t warp_or(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_or_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+
+// The tensor cores (TF32, bf16, fp16): a step's dW^T = X * G, with X (entries x pixels) the step's inputs and G
+// (pixels x k) gm[p] at (p, k(p)), zeros elsewhere. mma.sync m16n8k16 on fp16 operands, fp32 sums. Each chunk of 16
+// pixels (columns of the step) and block of 16 k has an A tile (G^T, 16 k x 16 pixels) in shared memory, all zeros
+// but where a pixel's k falls: the pixel's thread writes its gm there and clears it after the step. B = X: 16
+// pixels x 8 channels of one tap, by ldmatrix.trans from the ring's rows ([slot][column][16 channels], fp16). Only
+// the blocks a chunk holds are multiplied (each pixel thread sets its block's bit of its chunk's mask).
+// - x is rounded as the reference's TF32 conv rounds it (cvt.rna), then carried in fp16, which holds a TF32 value
+//   exactly if it is an fp16 normal (below 2^-14 fp16 keeps 2^-24 steps, under 6e-8 of a product's input); bf16 and
+//   fp16 inputs are what they are. A step whose window holds an input fp16 cannot hold (|x| >= 65520 after
+//   rounding, inf, NaN) is walked instead: each entry's sum in fp32 on the CUDA cores, the inputs from global memory.
+// - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the
+//   operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. A gm
+//   below 2^-38 of that largest |g| is lost (as in any fp32 sum that holds the largest).
+// - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
+//   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
+// Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
+// taps of m16n8 accumulators; warp 0 also the bias's.
+struct GradWeightMma : GradGeometry {
+  static constexpr int kCols = 128, kThreads = 192, kMinBlocks = 2;
+  static constexpr int kXCols = kCols + kKsize - 1;
+  static constexpr int kWalkers = kEntries + 1;  // for a walked step: the weight entries, then the bias
+  static constexpr int kPartial = kEntries + 1;
+  static constexpr int kChunk = 16, kChunks = kCols / kChunk, kBlocks = kCout / 16;
+  static constexpr int kQuads = kCin / 4;  // a row item: 4 channels of one column
+  static constexpr int kRowItems = kQuads * kXCols;
+  static constexpr int kRowPerThread = (kRowItems + kThreads - 1) / kThreads;
+  static constexpr int kColumnBytes = kCin * 2;
+  static constexpr int kSlotBytes = kXCols * kColumnBytes;
+  static constexpr int kXBytes = kKsize * kSlotBytes;
+  static constexpr int kTileBytes = 16 * 16 * 2;
+  static constexpr int kTilesBytes = kChunks * kBlocks * kTileBytes;  // hi, then lo
+  static constexpr int kSumBytes = kCout * kPartial * 4;
+  static constexpr int kPixelBytes = kCols * 8;  // (gm, k) by column, for a walked step
+  static constexpr int kMaskBytes = 16;
+  static constexpr int kSmemBytes = kXBytes + 2 * kTilesBytes + kSumBytes + kPixelBytes + kMaskBytes;
+  static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 ones
+  // The 16-byte half h of a 32-byte row sits at h ^ ((row >> 2) & 1): an ldmatrix's 8 rows (columns of the ring;
+  // k rows of a tile) hit the 8 different 16-byte bank groups.
+  __device__ static int half_at(int row, int h) { return h ^ ((row >> 2) & 1); }
+  __device__ static int tile_offset(int chunk, int block, int r, int col) {
+    return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
+  }
+  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 127
+  static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
+  static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBlocks)
+    conv3x3_min_tanh2_grad_weight_mma_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
+                                             const float* __restrict__ pre_min,
+                                             const unsigned char* __restrict__ argmin, float* __restrict__ partial,
+                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
+                                             int64_t total_steps) {
+  using G = GradWeightMma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const xs = smem;                                       // [slot][column][16 channels] fp16
+  unsigned char* const tiles = smem + G::kXBytes;                       // A tiles: hi, then lo
+  float* const sums = reinterpret_cast<float*>(smem + G::kXBytes + 2 * G::kTilesBytes);  // [k][kPartial]
+  float2* const pix = reinterpret_cast<float2*>(smem + G::kXBytes + 2 * G::kTilesBytes + G::kSumBytes);
+  unsigned char* const masks = reinterpret_cast<unsigned char*>(pix + G::kCols);  // blocks present, by chunk
+  uint32_t* const scale_max = reinterpret_cast<uint32_t*>(masks + G::kChunks);
+  for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
+  for (int i = threadIdx.x; i < 2 * G::kTilesBytes / 16; i += blockDim.x) {
+    reinterpret_cast<uint4*>(tiles)[i] = make_uint4(0, 0, 0, 0);
+  }
+  if (threadIdx.x == 0) *scale_max = 0;
+  __syncthreads();
+  {
+    uint32_t m = 0;
+    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
+    atomicMax(scale_max, m);
+  }
+  __syncthreads();
+  const int scale = max(-100, min(100, 141 - max((int)(*scale_max >> 23), 1)));
+  const float up = G::pow2(scale);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
+  uint64_t poisoned = 0;
+  const int wi = warp >> 1, wh = warp & 1;  // this warp's input row offset and channel half
+  float acc[G::kBlocks][G::kKsize][4], bias_hi[G::kBlocks][4], bias_lo[G::kBlocks][4];
+#pragma unroll
+  for (int b = 0; b < G::kBlocks; ++b) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+#pragma unroll
+      for (int j = 0; j < G::kKsize; ++j) acc[b][j][r] = 0.f;
+      bias_hi[b][r] = bias_lo[b][r] = 0.f;
+    }
+  }
+
+  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+  const int col_blocks = (OW + G::kCols - 1) / G::kCols;
+  int64_t begin, end;
+  step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+  struct Step {
+    int64_t n;
+    int cb, oy;
+  };
+  const auto following = [&](Step t) {
+    if (++t.oy == OH) {
+      t.oy = 0;
+      if (++t.cb == col_blocks) {
+        t.cb = 0;
+        ++t.n;
+      }
+    }
+    return t;
+  };
+  // Input row y of the strip: item at = 4 channels of one column, into registers, then rounded and stored.
+  float row_next[G::kRowPerThread][4];
+  uint32_t bad_slots = 0;  // bit i: this thread stored an input fp16 does not hold into ring slot i
+  const auto load_row = [&](int64_t n, int cb, int y) {
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = cb * G::kCols + at % G::kXCols;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        row_next[u][c] = 0.f;
+        if (at < G::kRowItems && col < W) {
+          row_next[u][c] = convert<float>(x[((n * G::kCin + 4 * quad + c) * H + y) * W + col]);
+        }
+      }
+    }
+  };
+  const auto store_row = [&](int y) {
+    unsigned char* const slot = xs + (y % G::kKsize) * G::kSlotBytes;
+    uint32_t over = 0;
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = at % G::kXCols;
+      if (at < G::kRowItems) {
+        const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));
+        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(row_next[u][2]), round_to_tf32(row_next[u][3]));
+        // bit 15 of a half set where its magnitude is 0x7C00 or more: infinity (an overflow too) or NaN
+        over |= ((lo & 0x7FFF7FFFu) + 0x04000400u) | ((hi & 0x7FFF7FFFu) + 0x04000400u);
+        *reinterpret_cast<uint2*>(slot + col * G::kColumnBytes + G::half_at(col, quad >> 1) * 16 + (quad & 1) * 8) =
+            make_uint2(lo, hi);
+      }
+    }
+    const uint32_t bit = 1u << (y % G::kKsize);
+    bad_slots = (over & 0x80008000u) != 0 ? bad_slots | bit : bad_slots & ~bit;
+  };
+  // This thread's pixel (column threadIdx.x of a step), a step ahead.
+  Elem g_next{};
+  float m_next = 0.f;
+  int k_next = -1;
+  const auto load_pixel = [&](Step t) {
+    const int ox = t.cb * G::kCols + threadIdx.x;
+    k_next = -1;
+    if (threadIdx.x < G::kCols && ox < OW) {
+      const int64_t p = (t.n * OH + t.oy) * OW + ox;
+      g_next = g[p];
+      m_next = pre_min[p];
+      k_next = argmin[p];
+    }
+  };
+  // ldmatrix rows of this lane: for B, column (pixel) lrow of a chunk at tap j = lj (x4: j 0 and 1) or 2 (x2); for
+  // A, row lrow of a tile, its 16-byte half lj.
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4;
+  const int a_row = lrow * 32 + G::half_at(lrow, lj) * 16;
+  const uint32_t tiles_u32 = smem_u32(tiles);
+  Step step{begin / ((int64_t)OH * col_blocks), (int)((begin / OH) % col_blocks), (int)(begin % OH)};
+  if (begin < end) load_pixel(step);
+  int written = -1;  // where this thread's pixel wrote its tiles' entries (cleared after the step)
+  for (int64_t s = begin; s < end; ++s, step = following(step)) {
+    const int oy = step.oy, cb = step.cb;
+    const int64_t n = step.n;
+    if (s == begin || oy == 0) {
+      for (int i = 0; i < G::kKsize; ++i) {
+        load_row(n, cb, oy + i);
+        store_row(oy + i);
+      }
+    }
+    const int k = k_next;
+    const float gm = k >= 0 ? min_grad(convert<float>(g_next), m_next) : 0.f;
+    // The next step's row and pixels, in flight from here to the end of this step.
+    const bool next_continues = s + 1 < end && oy + 1 < OH;
+    if (next_continues) load_row(n, cb, oy + G::kKsize);
+    if (s + 1 < end) load_pixel(following(step));
+    if (threadIdx.x < G::kCols) {
+      pix[threadIdx.x] = make_float2(gm, __int_as_float(k));
+      uint32_t block_bit = 0;
+      if (k >= 0) {
+        const float scaled = gm * up;
+        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
+        const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
+        const uint32_t lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+        written = G::tile_offset(threadIdx.x / G::kChunk, k >> 4, k & 15, threadIdx.x % G::kChunk);
+        *reinterpret_cast<uint16_t*>(tiles + written) = (uint16_t)hi;
+        *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = (uint16_t)lo;
+        block_bit = 1u << (k >> 4);
+      }
+      // lanes 0-15 hold chunk 2 warp, lanes 16-31 chunk 2 warp + 1
+      const uint32_t first = warp_or(lane < 16 ? block_bit : 0u);
+      const uint32_t second = warp_or(lane < 16 ? 0u : block_bit);
+      if (lane == 0) {
+        masks[2 * warp] = (unsigned char)first;
+        masks[2 * warp + 1] = (unsigned char)second;
+      }
+    }
+    const bool walk = __syncthreads_or(bad_slots != 0);
+    const int count = min(G::kCols, OW - cb * G::kCols);
+    if (walk) {  // an input fp16 does not hold: every entry's sum in fp32, pixel by pixel, inputs from global memory
+      if (e < G::kWalkers) {
+        const Elem* const my_x = x + ((n * G::kCin + walker_c) * H + oy + walker_i) * W + cb * G::kCols + walker_j;
+        const bool is_bias = e == G::kEntries;
+        for (int t = 0; t < count; ++t) {
+          const float2 p = pix[t];
+          const int kk = __float_as_int(p.y);
+          const float xv = is_bias ? 1.f : convert<float>(my_x[t]);
+          sums[kk * G::kPartial + e] = fmaf(p.x, xv, sums[kk * G::kPartial + e]);
+          if (!isfinite(xv)) poisoned |= ~(1ull << kk);
+        }
+      }
+    } else {
+      const uint32_t slot = smem_u32(xs + (oy + wi) % G::kKsize * G::kSlotBytes);
+#pragma unroll 2
+      for (int chunk = 0; chunk * G::kChunk < count; ++chunk) {
+        const uint32_t present = masks[chunk];
+        const int c01 = chunk * G::kChunk + lrow + lj, c2 = chunk * G::kChunk + lrow + 2;
+        uint32_t x01[4], x2[2];
+        ldmatrix_x4_trans(x01, slot + c01 * G::kColumnBytes + G::half_at(c01, wh) * 16);
+        ldmatrix_x2_trans(x2, slot + c2 * G::kColumnBytes + G::half_at(c2, wh) * 16);
+#pragma unroll
+        for (int b = 0; b < G::kBlocks; ++b) {
+          if (!((present >> b) & 1)) continue;
+          const uint32_t tile = tiles_u32 + (chunk * G::kBlocks + b) * G::kTileBytes + a_row;
+          uint32_t a[4];
+          ldmatrix_x4(a, tile);
+          mma_sync(acc[b][0], a, x01[0], x01[1], Operand<__half>{});
+          mma_sync(acc[b][1], a, x01[2], x01[3], Operand<__half>{});
+          mma_sync(acc[b][2], a, x2[0], x2[1], Operand<__half>{});
+          if (warp == 0) {  // the bias: A times a column of ones (lanes 0-3 hold B's column 0)
+            const uint32_t ones = lane < 4 ? G::kOnes : 0u;
+            uint32_t a_lo[4];
+            ldmatrix_x4(a_lo, tile + G::kTilesBytes);
+            mma_sync(bias_hi[b], a, ones, ones, Operand<__half>{});
+            mma_sync(bias_lo[b], a_lo, ones, ones, Operand<__half>{});
+          }
+        }
+      }
+    }
+    __syncthreads();  // the step is done with row oy's slot and the tiles
+    if (written >= 0) {
+      *reinterpret_cast<uint16_t*>(tiles + written) = 0;
+      *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = 0;
+      written = -1;
+    }
+    if (next_continues) store_row(oy + G::kKsize);
+  }
+  // acc[b][j]: rows k = 16 b + g (+ 8), columns c = 8 wh + 2 t (+ 1), entry (c, wi, j); each entry of the CTA's
+  // partial belongs to one lane. The bias: column 0 (lanes t = 0).
+  const float down = G::pow2(-scale);
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int b = 0; b < G::kBlocks; ++b) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int kk = 16 * b + gq + 8 * (r >> 1), c = 8 * wh + 2 * tq + (r & 1);
+#pragma unroll
+      for (int j = 0; j < G::kKsize; ++j) sums[kk * G::kPartial + c * G::kTaps + wi * G::kKsize + j] += acc[b][j][r] * down;
+      if (warp == 0 && tq == 0 && (r & 1) == 0) {
+        sums[kk * G::kPartial + G::kEntries] += (bias_hi[b][r] + bias_lo[b][r] * (1.f / 2048.f)) * down;
+      }
+    }
+  }
+  __syncthreads();
+  if (e < G::kEntries) {
+    for (int kk = 0; kk < G::kCout; ++kk) {
+      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
+    }
+  }
+  __syncthreads();
+  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
+  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+}
+
 // The partials of `blocks` CTAs added in CTA order; dw [k][entries] and db [k] (either may be null) in Elem.
 template <class Elem>
 __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kernel(const float* __restrict__ partial,
@@ -927,558 +1808,7 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kern
 
 // The conv as an implicit GEMM over rows of a slot: K order, slot layout, tile sizes.
 
-// Precision tags: how the conv's operands become tensor-core products (CUTLASS's multiply-add tags).
 
-// The multiply-add atoms a precision tag picks (CUTLASS's OpMultiplyAdd and OpMultiplyAddFastF32): how a weight is
-// stored for the tensor cores, and which MMAs one k-step issues, on wgmma and on mma.sync.
-
-// Tensor-core instructions: mma.sync and wgmma wrappers, ldmatrix, wgmma fences and descriptors.
-
-
-
-namespace kb25 {
-
-// ================================================================ MMA atoms
-// Selects an MMA wrapper (wgmma and mma.sync) by operand type.
-template <class Elem>
-struct Operand {};
-
-// mma.sync m16n8kK, row.col, fp32 accumulate: K = 8 for TF32, 16 for bf16/fp16. Every operand register holds 4 bytes
-// (one TF32 value or two 16-bit ones), so the fragments have the same shape for every type: A four registers (rows
-// g and g + 8, the k-halves in turn), B two, C/D four (rows g, g + 8; columns 2t, 2t + 1).
-// Four 8x8 matrices of 16-bit elements (= 8 rows x 16 bytes each) from shared memory; lane 8i + r gives row r of
-// matrix i, and register i of lane 4r + c gets bytes 4c..4c+3 of that row. For the A fragment: matrix 0 = rows 0-7,
-// k-half 0; 1 = rows 8-15, k-half 0; 2 = rows 0-7, k-half 1; 3 = rows 8-15, k-half 1, for TF32 and 16-bit alike.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-#if KB25_HAS_FUSED
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
-
-// Warpgroup MMA runs asynchronously: registers it accumulates into must stay untouched until wgmma.wait_group;
-// fence_operand() pins a value in its registers across that window.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// Shared-memory matrix descriptor, no swizzle: start address, then the byte offsets between 8-row x 16-byte core
-// matrices along K (leading) and along M/N (stride), each field in 16-byte units.
-__device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t k_offset_bytes, uint32_t mn_offset_bytes) {
-  return (uint64_t)((smem_u32(smem) >> 4) & 0x3FFF) | ((uint64_t)((k_offset_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((mn_offset_bytes >> 4) & 0x3FFF) << 32);
-}
-
-}  // namespace kb25
-
-// Generated by tools/bundle.py from python/constants.py: edit those, not this file.
-// mma.sync wrappers with fp32 accumulators, one pair per operand type: D += A * B and D = A * B + C.
-
-
-
-namespace kb25 {
-
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         Operand<float>) {
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
-                                         Operand<float>) {  // D = A * B + C
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
-#endif
-}
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         Operand<__nv_bfloat16>) {
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
-                                         Operand<__nv_bfloat16>) {  // D = A * B + C
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
-#endif
-}
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                         Operand<__half>) {
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-__device__ __forceinline__ void mma_sync(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float4 c,
-                                         Operand<__half>) {  // D = A * B + C
-#if KB25_HAS_FUSED
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
-#endif
-}
-
-}  // namespace kb25
-// Generated by tools/bundle.py from python/constants.py: edit those, not this file.
-// wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows. D(64 x N) +=
-// A(64 x k) * B(k x N), both K-major shared-memory descriptors; D = A * B where kAccumulate is false (scale-d 0:
-// whatever D's registers held is not read, so they need no initial value).
-
-
-
-namespace kb25 {
-
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__half>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__nv_bfloat16>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<float>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<float>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__half>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__nv_bfloat16>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<float>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-
-}  // namespace kb25
-
-
-namespace kb25 {
-
-// Pins a value in its registers across the window in which wgmma may still write them.
-template <int kN>
-__device__ __forceinline__ void pin(float (&acc)[kN][4]) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) fence_operand(acc[j][i]);
-}
-
-// One product per operand pair, as the operands come to the tensor cores (TF32 rounded to nearest, bf16, fp16; TF32
-// on fp16 operands). wgmma: the accumulators start from the first k-step's product (scale-d 0) and the bias enters by
-// one more MMA (the tag's bias_part and ones).
-struct OneProduct {
-  static constexpr int kCopies = 1;  // a stored operand is one value
-  static constexpr bool kBiasByMma = true;
-  // wgmma: the MMAs over the window's two older rows are issued before the wait for its newest row (TF32 -1%, 16-bit
-  // -0.5%; docs/perf-notes.md, "wgmma mainloop").
-  static constexpr bool kIssuesBeforeNewest = true;
-  template <class Tag, class O, class E>
-  __device__ static void store_weight(O* dst, int at, int, E v) {
-    dst[at] = Tag::to_tensor_core(v);
-  }
-  // The bias comes from its MMA: nothing to start from.
-  template <int kN, class Small>
-  __device__ static void wgmma_begin(float (&)[kN][4], Small&, float, float) {}
-  // The k-step's MMA: D = A * B at the first k-step, D += A * B otherwise.
-  template <class Elem, bool kFirst, int kN, class Small>
-  __device__ static void wgmma_k_step(float (&acc)[kN][4], Small&, uint64_t a, uint64_t b, uint64_t, uint64_t) {
-    if constexpr (kFirst) {
-      wgmma_async<false>(acc, a, b, Operand<Elem>{});
-    } else {
-      wgmma_async(acc, a, b, Operand<Elem>{});
-    }
-  }
-  template <int kN, class Small>
-  __device__ static void wgmma_end(float (&)[kN][4], Small&) {}
-  // mma.sync: one m16n8 tile's product; at the first k-step C = the bias.
-  template <class Elem, bool kFirst, class Small>
-  __device__ static void mma_sync_tile(float (&acc)[4], Small&, const uint32_t (&a)[4], const uint32_t (&)[4],
-                                       const uint32_t (&bw)[2], const uint32_t (&)[2], float4 bias) {
-    if constexpr (kFirst) {
-      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});
-    } else {
-      mma_sync(acc, a, bw[0], bw[1], Operand<Elem>{});
-    }
-  }
-  template <class Accum, class Small>
-  __device__ static void mma_sync_end(Accum&, Small&) {}
-  template <int kN>
-  using WgmmaSmall = float[1][4];  // no small products
-};
-
-// 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
-// products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
-// accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
-// Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
-struct ThreeProducts {
-  static constexpr int kCopies = 2;  // a stored operand is big, then small
-  // wgmma: the accumulators start from the bias (moves), the small products from zero.
-  static constexpr bool kBiasByMma = false;
-  // wgmma: the whole window is waited for before the first MMA (issuing the older rows' MMAs first ran 9% slower;
-  // docs/perf-notes.md, "3xTF32").
-  static constexpr bool kIssuesBeforeNewest = false;
-  template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
-    float big, small;
-    Tag::split_weight(v, big, small);
-    dst[at] = big;
-    dst[at + copy_elems] = small;
-  }
-  // The accumulators from the bias (rows g, g + 8 of the warp's 16 channels), the small products from zero.
-  template <int kN>
-  __device__ static void wgmma_begin(float (&acc)[kN][4], float (&small)[kN][4], float bias_lo, float bias_hi) {
-#pragma unroll
-    for (int j = 0; j < kN; ++j) {
-      acc[j][0] = acc[j][1] = bias_lo;
-      acc[j][2] = acc[j][3] = bias_hi;
-      small[j][0] = small[j][1] = small[j][2] = small[j][3] = 0.f;
-    }
-    pin(small);
-  }
-  // small(w) * big(x), big(w) * small(x), big(w) * big(x): a_small and b_small are the descriptors' offsets to the
-  // small copies.
-  template <class Elem, bool kFirst, int kN>
-  __device__ static void wgmma_k_step(float (&acc)[kN][4], float (&small)[kN][4], uint64_t a, uint64_t b,
-                                      uint64_t a_small, uint64_t b_small) {
-    wgmma_async(small, a + a_small, b, Operand<float>{});
-    wgmma_async(small, a, b + b_small, Operand<float>{});
-    wgmma_async(acc, a, b, Operand<Elem>{});
-  }
-  template <int kN>
-  __device__ static void wgmma_end(float (&acc)[kN][4], float (&small)[kN][4]) {
-    pin(small);
-#pragma unroll
-    for (int j = 0; j < kN; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] += small[j][i];
-  }
-  // mma.sync: one m16n8 tile's three products (a, bw: the big parts; as, bs: the small ones); at the first k-step the
-  // big product's C is the bias, the small ones' zero.
-  template <class Elem, bool kFirst>
-  __device__ static void mma_sync_tile(float (&acc)[4], float (&small)[4], const uint32_t (&a)[4],
-                                       const uint32_t (&as)[4], const uint32_t (&bw)[2], const uint32_t (&bs)[2],
-                                       float4 bias) {
-    if constexpr (kFirst) {
-      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
-    } else {
-      mma_sync(small, a, bs[0], bs[1], Operand<float>{});
-    }
-    mma_sync(small, as, bw[0], bw[1], Operand<float>{});
-    OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
-  }
-  // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
-  __device__ static void split_fragment(uint32_t (&a)[4], uint32_t (&as)[4]) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      float big, small;
-      split_tf32(__uint_as_float(a[r]), big, small);
-      a[r] = __float_as_uint(big);
-      as[r] = __float_as_uint(small);
-    }
-  }
-  // mma.sync: the small products join the accumulators once the step's MMAs are issued.
-  template <int kM, int kN>
-  __device__ static void mma_sync_end(float (&acc)[kM][kN][4], float (&small)[kM][kN][4]) {
-#pragma unroll
-    for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kN; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
-  }
-  template <int kN>
-  using WgmmaSmall = float[kN][4];
-};
-
-}  // namespace kb25
-
-
-namespace kb25 {
-
-// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
-// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
-// (GuardList, Tf32RoundNearest only).
-struct UnscaledOperands {
-  static constexpr bool kGuardsRange = false;
-  static constexpr bool kRecomputesListed = false;
-  static constexpr int kScratchBytes = 0;
-  template <int kThreads, class E>
-  __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
-  __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
-  template <class E>
-  __device__ static E scale(E v, float) { return v; }
-  template <class E>
-  __device__ static bool inexact(E, float) { return false; }
-  template <class E>
-  __device__ static bool inexact_bias(E, float) { return false; }
-  __device__ static float unscale(float m, float) { return m; }
-  // The wgmma bias k-step (WgmmaMainloop, kBiasByMma): A's k column kk of an output channel (bias_part) against B's
-  // k row kk (ones). TF32: the bias as three TF32 parts (split_tf32_bias) in columns 0..2; 16-bit: the bias in column
-  // 0. B is all ones.
-  template <class M, class E>
-  __device__ static M bias_part(E bias, float, int kk) {
-    if constexpr (sizeof(M) == 4) {
-      float part[3];
-      split_tf32_bias(bias, part);
-      return kk == 0 ? part[0] : kk == 1 ? part[1] : kk == 2 ? part[2] : 0.f;  // no local memory
-    } else {
-      return kk == 0 ? bias : convert<M>(0.f);
-    }
-  }
-  template <class M>
-  __device__ static M ones(int) { return convert<M>(1.f); }
-};
-
-// How the conv's operands become tensor-core products, one tag each (CUTLASS's multiply-add tags: 3xTF32 is another
-// tag on the same kernel). A tag owns its conversions and picks its multiply (multiply.cuh): to_tensor_core(v) is what
-// the multipliers get for any weight or input value; to_slot(v, out) and to_registers(v, out) the faster ones for kN
-// input words in a slot that wgmma reads or that mma.sync loads into registers (where kFastNeedsNoNaN, right for
-// every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
-// into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
-// inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
-// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
-struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
-  using Elem = float;     // the weights, the bias, the output
-  using XElem = float;    // x
-  using MmaElem = float;  // what the slots hold and the tensor cores multiply
-  static constexpr int kMmaK = 8;
-  using Multiply = OneProduct;
-  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
-  static constexpr bool kRecomputesListed = true;
-  // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
-  static constexpr bool kTanhApprox = false;
-  __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
-  // Inputs, kN words at a time, into a slot that wgmma reads (low bits cleared) or that mma.sync loads into registers:
-  // a NaN comes out right only as 0x7FC00000 (kFastNeedsNoNaN).
-  static constexpr bool kFastNeedsNoNaN = true;
-  template <int kN>
-  __device__ static void to_slot(const uint32_t (&v)[kN], uint32_t (&out)[kN]) { round_to_tf32_words<true>(v, out); }
-  template <int kN>
-  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
-    round_to_tf32_words<false>(v, out);
-  }
-};
-struct Tf32x3 : UnscaledOperands {  // strict fp32: v = big + small, both TF32; big*big + big*small + small*big (small*small dropped)
-  using Elem = float;
-  using XElem = float;
-  using MmaElem = float;
-  static constexpr int kMmaK = 8;
-  using Multiply = ThreeProducts;
-  static constexpr bool kTanhApprox = false;  // tanh2: 1e-5 against the strict reference
-  __device__ static float to_tensor_core(float v) { return v; }  // raw: split later
-  static constexpr bool kFastNeedsNoNaN = false;
-  template <int kN>
-  __device__ static void to_registers(const uint32_t (&v)[kN], uint32_t (&out)[kN]) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = v[i];
-  }
-  __device__ static void split(float v, float& big, float& small) { split_tf32(v, big, small); }
-  __device__ static void split_weight(float v, float& big, float& small) { split_tf32_weight(v, big, small); }
-};
-// bf16 and fp16: operands as they come, fp32 accumulation. The 16-bit tags also own a packed min: pack2 rounds two
-// fp32 values to the element type into one word (lo in the low half), min2 takes the NaN-propagating min of each
-// half. Rounding is monotonic, so the min of rounded values is the rounded min, which the output's one rounding then
-// leaves as it is (the reference rounds its conv output to the element type before its min, too).
-template <class Elem_>
-struct Native16 : UnscaledOperands {
-  static_assert(std::is_same_v<Elem_, __nv_bfloat16> || std::is_same_v<Elem_, __half>, "bf16 or fp16");
-  using Elem = Elem_;
-  using XElem = Elem_;
-  using MmaElem = Elem_;
-  static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
-  static constexpr int kMmaK = 16;
-  using Multiply = OneProduct;
-  static constexpr bool kTanhApprox = true;  // tanh2
-  __device__ static Elem to_tensor_core(Elem v) { return v; }
-  __device__ static uint32_t pack2(float lo, float hi) {
-    uint32_t r = 0;
-    if constexpr (kHasFused && kBf16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    if constexpr (kHasFused && !kBf16) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-  __device__ static uint32_t min2(uint32_t a, uint32_t b) {
-    uint32_t r = 0;
-    if constexpr (kHasFused && kBf16) asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-    if constexpr (kHasFused && !kBf16) asm("min.NaN.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-    return r;
-  }
-};
-
-// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
-// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
-// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
-template <class Elem_>
-struct Native16FromF32 : Native16<Elem_> {
-  using XElem = float;
-  static constexpr bool kFastNeedsNoNaN = false;
-  // Two input words into one word of two 16-bit values (lo in the low half).
-  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
-    uint32_t r = 0;
-    if constexpr (kHasFused && Native16<Elem_>::kBf16) {
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
-    }
-    if constexpr (kHasFused && !Native16<Elem_>::kBf16) {
-      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
-    }
-    return r;
-  }
-  // Every input has its 16-bit value: nothing is out of range.
-  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
-  static constexpr uint32_t kOutOfRange = 0;
-};
-
-// TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
-// 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
-// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
-// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
-// (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
-// sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
-// (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
-// (unscale): the order of the channels, and so the argmin, does not change.
-// The guard: a row with an input that fp16 does not hold (|tf32(x)| >= 65504, +-inf, NaN; 65504 itself would fit, and
-// goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
-// image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
-// listed images; with none listed it returns at once.
-// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
-// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
-struct Tf32OnF16 {
-  using Elem = float;
-  using XElem = float;
-  using MmaElem = __half;
-  static constexpr int kMmaK = 16;
-  using Multiply = OneProduct;
-  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
-  static constexpr bool kGuardsRange = true;
-  static constexpr bool kRecomputesListed = false;
-  // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
-  static constexpr int kScratchBytes = 16;
-  // A (scaled) weight as the tensor cores get it.
-  __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
-  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
-  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
-    uint32_t r = 0;
-    if constexpr (kHasFused) {
-      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
-    }
-    return r;
-  }
-  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
-  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
-  static constexpr uint32_t kOutOfRange = 0x80008000u;
-  // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
-  // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
-  template <int kThreads>
-  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
-                                     uint32_t* scratch) {
-    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
-    __syncthreads();
-    uint32_t m = 0;
-    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
-    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
-    atomicMax(scratch, m);
-    __syncthreads();
-    return scale_of(scratch);
-  }
-  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)|, kept within [-126, 126] (2^s and 2^-s normal
-  // floats): the scale (sign 1) or its inverse (-1).
-  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
-    int s = 15 - ((int)(scratch[0] >> 23) - 127);
-    s = s < -126 ? -126 : s > 126 ? 126 : s;
-    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
-  }
-  __device__ static float scale(float v, float scale) { return v * scale; }
-  // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
-  // TF32 and scaled. Either lists every image.
-  // (inverse: 2^-s, exact).
-  __device__ static bool inexact(float v, float scale) {
-    const float scaled = round_to_tf32(v) * scale;
-    return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
-  }
-  // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
-  // scaled magnitude is 0 or within [2^-12, 65504].
-  __device__ static bool inexact_bias(float v, float scale) {
-    const float scaled = v * scale;
-    const float sum = __half2float(bias_part<__half>(v, scale, 0)) +
-                      (__half2float(bias_part<__half>(v, scale, 1)) * 0x1p-11f +
-                       __half2float(bias_part<__half>(v, scale, 2)) * 0x1p-22f);
-    return !(scaled * __frcp_rn(scale) == v && sum == scaled);
-  }
-  // The wgmma bias k-step: the scaled bias as three fp16 values p0 + p1 * 2^-11 + p2 * 2^-22, split_tf32_bias's parts
-  // (11 significant bits each, the last at most 2) with the second and third scaled up so that they stay fp16 values;
-  // B's k rows 0..2 hold 1, 2^-11, 2^-22 (2^-22: an fp16 subnormal, exact). Each product is exact.
-  template <class M>
-  __device__ static __half bias_part(float bias, float scale, int kk) {
-    float part[3];
-    split_tf32_bias(bias * scale, part);
-    return __float2half_rn(kk == 0 ? part[0] : kk == 1 ? part[1] * 0x1p11f : kk == 2 ? part[2] * 0x1p22f : 0.f);
-  }
-  template <class M>
-  __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
-  // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
-  __device__ static float unscale(float m, float inverse) { return m * inverse; }
-};
-
-}  // namespace kb25
 
 namespace kb25 {
 
@@ -3612,37 +3942,61 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
 
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
+  static_assert(G::kCols == kb25::GradWeightMma::kCols, "both dW kernels take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
   return OH > 0 && OW > 0 ? N * OH * ((OW + G::kCols - 1) / G::kCols) : 0;
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU and shape: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks) {
-  using G = kb25::GradWeight;
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
+                                                            int* blocks) {
+  using Walk = kb25::GradWeight;
+  using Mma = kb25::GradWeightMma;
   int per_sm = 0;
   const cudaError_t err =
-      resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(G::kThreads, G::kSmemBytes, &per_sm);
+      tensor_cores
+          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                        &per_sm)
+          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                    &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
   return cudaSuccess;
 }
 
-extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() { return kb25::GradWeight::kCout * kb25::GradWeight::kPartial; }
+// A CTA's partial [kCout][kPartial], and one word more a CTA after all partials: the tensor cores' largest |g|.
+extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
+  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial + 1;
+}
 
 template <class Elem>
 struct LaunchGradWeight {
-  static cudaError_t run(const void* x, const void* g, const float* pre_min, const unsigned char* argmin,
-                         float* partial, int blocks, void* dw, void* db, int64_t N, int H, int W, cudaStream_t stream) {
+  static cudaError_t run(bool tensor_cores, const void* x, const void* g, const float* pre_min,
+                         const unsigned char* argmin, float* partial, int blocks, void* dw, void* db, int64_t N, int H,
+                         int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
-    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
-    const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(static_cast<const Elem*>(x), static_cast<const Elem*>(g),
-                                                             pre_min, argmin, partial, H, W, steps);
+    const auto* const xe = static_cast<const Elem*>(x);
+    const auto* const ge = static_cast<const Elem*>(g);
+    if (tensor_cores) {
+      using M = kb25::GradWeightMma;
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
+      const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
+      kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
+      kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
+                                                           steps);
+    } else {
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, H, W, steps);
+    }
     const int outputs = G::kCout * G::kPartial;
     kb25::conv3x3_min_tanh2_grad_weight_reduce_kernel<Elem><<<(outputs + 255) / 256, 256, 0, stream>>>(
         partial, blocks, static_cast<Elem*>(dw), static_cast<Elem*>(db));
@@ -3650,11 +4004,12 @@ struct LaunchGradWeight {
   }
 };
 
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream) {
-  return by_elem<LaunchGradWeight>(elem, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W, stream);
+  return by_elem<LaunchGradWeight>(elem, tensor_cores, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
+                                   stream);
 }
 """
 
@@ -3736,9 +4091,11 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
+                                                            int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);
@@ -4169,8 +4526,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
     TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
   }
   if (need_weight || need_bias) {
+    // The weight gradient in the reference's precision: TF32 products (TF32-rounded operands on the tensor cores)
+    // where its conv runs in TF32, and for 16-bit inputs; every product in fp32 for strict fp32 and before sm_80.
+    const bool tensor_cores = device_profile(xc.get_device()).sm >= 80 &&
+                              (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     int blocks = 0;
-    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, &blocks);
+    const cudaError_t blocks_err =
+        conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
@@ -4180,7 +4542,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
       at::Tensor partial = at::empty({(int64_t)blocks * conv3x3_min_tanh2_grad_weight_partial_floats()},
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
-          elem, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
+          elem, tensor_cores, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
           blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }

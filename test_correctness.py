@@ -715,7 +715,7 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
     assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel"):  # every arch, 3 dtypes
+    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_mma_kernel", "grad_weight_reduce_kernel"):
         assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
@@ -1726,7 +1726,7 @@ def test_offsets_past_2_pow_31(key, tf32_default):
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 def test_autograd_on_gpu(backend, tf32_default):
     """Each backend's forward with grad gives its inference output, and the gradients are the float64 chain's through
-    the argmin it saved (cudnn_epilogue: torch.min's own)."""
+    the argmin it saved (cudnn_epilogue: torch.min's own; dW in TF32 on the tensor cores: _check_weight_grad)."""
     ref, new = _cuda_models(14, backend=backend)
     x = make_input((2, 16, 20, 24), seed=9, device="cuda")
     x2 = x.clone().requires_grad_(True)
@@ -1741,8 +1741,10 @@ def test_autograd_on_gpu(backend, tf32_default):
     if backend == "cudnn_epilogue":
         assert torch.equal(argmin.long(), torch.conv2d(x, w, b).argmin(1, keepdim=True))
     want = harness.routed_float64_grads(x, w, argmin, pre_min, grad_out)
-    for name, got, truth in zip("xwb", (x2.grad, new.conv.weight.grad, new.conv.bias.grad), want):
-        assert harness.relative_error(got, truth) <= 1e-5, name
+    dw = new.conv.weight.grad
+    tol = {"x": 1e-5, "b": 1e-5, "w": _check_weight_grad(dw, x, w, argmin, pre_min, grad_out, None, "tf32", backend)}
+    for name, got, truth in zip("xwb", (x2.grad, dw, new.conv.bias.grad), want):
+        assert harness.relative_error(got, truth) <= tol[name], name
 
 
 @needs_cuda
@@ -1826,6 +1828,29 @@ TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5
 # Gradients through our argmin against the float64 chain through the same argmin (relative, per tensor): fp32 sums
 # for float32; one rounding to the element type for 16-bit.
 ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+# The weight gradient runs on the tensor cores (mma.sync on TF32-rounded or 16-bit operands) on every sm_80+ profile
+# but in strict fp32; T4 (sm_75) and strict fp32 sum every product in fp32. In TF32 it is then held to the float64
+# chain on TF32-rounded operands (x and the gradient at the argmin, harness.round_tf32), and to the plain float64
+# chain with TF32's own error (two operands rounded to 11 bits).
+TF32_WEIGHT_GRAD_TOL = 2e-3
+# Against the TF32-operand chain: its gm is float64's rounded to float32, the kernel's is computed in float32, and
+# where the two differ by an ulp near a TF32 rounding boundary one product moves by 2^-11 (about 1e-5 in all).
+TF32_OPERAND_TOL = 5e-5
+
+
+def _weight_grad_on_tensor_cores(profile, precision):
+    return profile != "T4" and precision != "strict_fp32"
+
+
+def _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, precision, where):
+    """dW in TF32 on the tensor cores: the TF32-operand chain's within TF32_OPERAND_TOL, the plain chain's within
+    TF32_WEIGHT_GRAD_TOL. Returns the tolerance for the plain chain."""
+    if precision != "tf32" or not _weight_grad_on_tensor_cores(profile, precision):
+        return ROUTED_TOL[precision]
+    tf32_dw = harness.routed_float64_grads(x, w, argmin, pre_min, g, weight_operands=harness.round_tf32)[1]
+    err = harness.relative_error(dw, tf32_dw)
+    assert err <= TF32_OPERAND_TOL, f"{where}: dw against the TF32-operand chain: {err}"
+    return TF32_WEIGHT_GRAD_TOL
 # The saved pre-tanh min against the float64 conv's min: TF32 operand rounding, fp32 sums otherwise. Where the best
 # two channels of the float64 conv are further apart than ARGMIN_GAP, the saved argmin must be float64's.
 PRE_MIN_TOL = {"tf32": 5e-3, "strict_fp32": 1e-5, "bf16": 1e-4, "fp16": 1e-4}
@@ -1906,10 +1931,13 @@ def test_training_backward_follows_the_saved_argmin(profile, forward_mode, tf32_
                 assert (pre_min.double() - best2[:, :1]).abs().max() <= PRE_MIN_TOL[precision], (profile, precision,
                                                                                                    shape)
             want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+            where = f"{profile} {precision} {shape}"
+            tol = {"x": ROUTED_TOL[precision], "b": ROUTED_TOL[precision],
+                   "w": _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, precision, where)}
             for name, got, truth in zip("xwb", (dx, dw, db), want):
                 assert got.dtype == spec.dtype and got.shape == truth.shape
                 err = harness.relative_error(got, truth)
-                assert err <= ROUTED_TOL[precision], f"{profile} {precision} {shape} d{name}: {err}"
+                assert err <= tol[name], f"{where} d{name}: {err}"
 
 
 @needs_cuda
@@ -1945,26 +1973,53 @@ def test_training_ties_go_to_the_first_channel(profile, tf32_default):
         new.conv.bias.fill_(0.3)
     w, b = new.conv.weight.detach(), new.conv.bias.detach()
     with harness.emulated(profile):
-        _, argmin, _ = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
         _, dx, dw, db = _grads(new, x, g)
     assert int(argmin.max()) == 0
+    tol = {"x": 1e-5, "b": 1e-5, "w": _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, "tf32", profile)}
     for name, got, truth in zip("xwb", (dx, dw, db), harness.float64_grads(x, w, b, g)):
-        assert harness.relative_error(got, truth) <= 1e-5, name
+        assert harness.relative_error(got, truth) <= tol[name], name
     assert db[1:].abs().max() == 0 and dw[1:].abs().max() == 0  # nothing reaches the other channels
 
 
 @needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100", "T4"])
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_training_weight_gradient_scales_with_the_output_gradient(profile, precision, tf32_default):
+    """The output's gradient times 2^60 or 2^-60: gm scales by the same power of two, so dW and db scale exactly, bit
+    for bit, whatever scale the tensor cores' fp16 operands are carried at. Then one image scaled and the other not
+    (a CTA's steps see gradients 2^60 apart): dW within the precision's error of the float64 chain."""
+    new, x, g, spec = _train_setup(profile, precision, (2, 16, 40, 150), seed=66)
+    with harness.emulated(profile):
+        _, _, dw, db = _grads(new, x, g)
+        w, b = new.conv.weight.detach(), new.conv.bias.detach()
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        for scale in (2.0**60, 2.0**-60):
+            _, _, dw_scaled, db_scaled = _grads(new, x, g * scale)
+            assert torch.equal(dw_scaled.float(), dw.float() * scale), (scale, "dw")
+            assert torch.equal(db_scaled.float(), db.float() * scale), (scale, "db")
+            mixed = g.clone()
+            mixed[1] *= scale
+            _, _, dw_mixed, _ = _grads(new, x, mixed)
+            want = harness.routed_float64_grads(x, w, argmin, pre_min, mixed)[1]
+            tol = TF32_WEIGHT_GRAD_TOL if _weight_grad_on_tensor_cores(profile, precision) else ROUTED_TOL[precision]
+            assert harness.relative_error(dw_mixed, want) <= max(tol, ROUTED_TOL[precision]), (scale, "dw mixed")
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["strict_fp32", "tf32"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 130)], ids=["one_step", "many_steps"])
-def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, forward_mode, tf32_default):
+def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precision, forward_mode, tf32_default):
     """NaN inputs: NaN where the reference's dense chain has NaN (dW for every channel at the NaN's taps: 0 * NaN; dX
     around it), its values elsewhere; on a shape where each backward CTA runs many steps, with NaNs in interior rows
     (each input row stays in the dW window for three steps). An infinite weight: 0 * inf is NaN in the reference's
     dX wherever that weight's tap reaches a pixel whose argmin is another channel; where the tap's input is 0, that
     channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins). Compared with the float64
     chain through the saved argmin (near-ties of a large shape could route a pixel differently from the reference's
-    own conv), and on the small shape with the reference itself."""
-    new, x, g, _ = _train_setup(profile, "strict_fp32", shape, seed=63)
+    own conv), and on the small shape with the reference itself. Strict fp32 runs the CUDA-core weight gradient, TF32
+    the tensor-core one, whose steps with a NaN in their window are summed by its fp32 walkers."""
+    new, x, g, _ = _train_setup(profile, precision, shape, seed=63)
     n, _, h, w = shape
     x[0, 3, h // 4, w // 4] = float("nan")
     x[n - 1, 10, h - 2, w - 1] = float("nan")
@@ -1983,15 +2038,23 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, forwar
                                                                       new.conv.bias.detach(), AUTO)
         if poison_weight:
             assert int(argmin[0, 0, 3, 5]) == 5
-        routed = harness.routed_float64_grads(x, new.conv.weight.detach(), argmin, pre_min, g)
+        w = new.conv.weight.detach()
+        routed = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+        # With NaN inputs TF32's dW mixes the walkers' fp32 products (steps with a NaN in their window) with TF32
+        # ones: held to the plain chain alone.
+        tol = {"x": 1e-5, "b": 1e-5,
+               "w": _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, precision, str(poison_weight))
+               if poison_weight or precision != "tf32" else TF32_WEIGHT_GRAD_TOL}
         for name, got, want in zip("xwb", (dx, dw, db), routed):
             assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "float64 chain")
-            assert harness.relative_error(got, want) <= 1e-5, (poison_weight, name)
+            assert harness.relative_error(got, want) <= tol[name], (poison_weight, name)
         if shape == (2, 16, 20, 30):
             _, *ref_grads = _grads(ref, x, g)
             for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
                 assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "reference")
-                assert harness.relative_error(got, want) <= 1e-4, (poison_weight, name)
+                # the reference's own TF32 convs (dX too) are TF32_WEIGHT_GRAD_TOL from the float64 chain
+                ref_tol = 1e-4 if precision == "strict_fp32" else TF32_WEIGHT_GRAD_TOL
+                assert harness.relative_error(got, want) <= ref_tol, (poison_weight, name)
         assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
 
 

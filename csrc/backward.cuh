@@ -1,7 +1,9 @@
 // The backward from the saved argmin and pre-tanh min: dX, dW and db, deterministic.
 #pragma once
 
+#include "mma_atoms.cuh"
 #include "numerics.cuh"
+#include "precision.cuh"
 #include "scheduler.cuh"
 
 namespace kb25 {
@@ -361,6 +363,317 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     __syncthreads();  // the walk is done with row oy's slot
     if (next_continues) store_row(oy + G::kKsize);
   }
+  if (e < G::kEntries) {
+    for (int kk = 0; kk < G::kCout; ++kk) {
+      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
+    }
+  }
+  __syncthreads();
+  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
+  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+}
+
+// The largest finite |g| of the output's gradient (as bits; |gm| <= |g|), one value per CTA into maxima: the tensor
+// cores' dW scales its fp16 operands by it. Every CTA of the dW kernel reads all of them.
+template <class Elem>
+__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const Elem* __restrict__ g, int64_t count,
+                                                                          uint32_t* __restrict__ maxima) {
+  __shared__ uint32_t warp_max[8];
+  uint32_t m = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    const float v = fabsf(convert<float>(g[i]));
+    if (isfinite(v)) m = max(m, __float_as_uint(v));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, d));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = max(m, warp_max[w]);
+    maxima[blockIdx.x] = m;
+  }
+}
+
+// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
+// elsewhere, so that the source compiles for every arch.
+__device__ __forceinline__ uint32_t warp_or(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_or_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+
+// The tensor cores (TF32, bf16, fp16): a step's dW^T = X * G, with X (entries x pixels) the step's inputs and G
+// (pixels x k) gm[p] at (p, k(p)), zeros elsewhere. mma.sync m16n8k16 on fp16 operands, fp32 sums. Each chunk of 16
+// pixels (columns of the step) and block of 16 k has an A tile (G^T, 16 k x 16 pixels) in shared memory, all zeros
+// but where a pixel's k falls: the pixel's thread writes its gm there and clears it after the step. B = X: 16
+// pixels x 8 channels of one tap, by ldmatrix.trans from the ring's rows ([slot][column][16 channels], fp16). Only
+// the blocks a chunk holds are multiplied (each pixel thread sets its block's bit of its chunk's mask).
+// - x is rounded as the reference's TF32 conv rounds it (cvt.rna), then carried in fp16, which holds a TF32 value
+//   exactly if it is an fp16 normal (below 2^-14 fp16 keeps 2^-24 steps, under 6e-8 of a product's input); bf16 and
+//   fp16 inputs are what they are. A step whose window holds an input fp16 cannot hold (|x| >= 65520 after
+//   rounding, inf, NaN) is walked instead: each entry's sum in fp32 on the CUDA cores, the inputs from global memory.
+// - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the
+//   operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. A gm
+//   below 2^-38 of that largest |g| is lost (as in any fp32 sum that holds the largest).
+// - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
+//   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
+// Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
+// taps of m16n8 accumulators; warp 0 also the bias's.
+struct GradWeightMma : GradGeometry {
+  static constexpr int kCols = 128, kThreads = 192, kMinBlocks = 2;
+  static constexpr int kXCols = kCols + kKsize - 1;
+  static constexpr int kWalkers = kEntries + 1;  // for a walked step: the weight entries, then the bias
+  static constexpr int kPartial = kEntries + 1;
+  static constexpr int kChunk = 16, kChunks = kCols / kChunk, kBlocks = kCout / 16;
+  static constexpr int kQuads = kCin / 4;  // a row item: 4 channels of one column
+  static constexpr int kRowItems = kQuads * kXCols;
+  static constexpr int kRowPerThread = (kRowItems + kThreads - 1) / kThreads;
+  static constexpr int kColumnBytes = kCin * 2;
+  static constexpr int kSlotBytes = kXCols * kColumnBytes;
+  static constexpr int kXBytes = kKsize * kSlotBytes;
+  static constexpr int kTileBytes = 16 * 16 * 2;
+  static constexpr int kTilesBytes = kChunks * kBlocks * kTileBytes;  // hi, then lo
+  static constexpr int kSumBytes = kCout * kPartial * 4;
+  static constexpr int kPixelBytes = kCols * 8;  // (gm, k) by column, for a walked step
+  static constexpr int kMaskBytes = 16;
+  static constexpr int kSmemBytes = kXBytes + 2 * kTilesBytes + kSumBytes + kPixelBytes + kMaskBytes;
+  static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 ones
+  // The 16-byte half h of a 32-byte row sits at h ^ ((row >> 2) & 1): an ldmatrix's 8 rows (columns of the ring;
+  // k rows of a tile) hit the 8 different 16-byte bank groups.
+  __device__ static int half_at(int row, int h) { return h ^ ((row >> 2) & 1); }
+  __device__ static int tile_offset(int chunk, int block, int r, int col) {
+    return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
+  }
+  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 127
+  static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
+  static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBlocks)
+    conv3x3_min_tanh2_grad_weight_mma_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
+                                             const float* __restrict__ pre_min,
+                                             const unsigned char* __restrict__ argmin, float* __restrict__ partial,
+                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
+                                             int64_t total_steps) {
+  using G = GradWeightMma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* const xs = smem;                                       // [slot][column][16 channels] fp16
+  unsigned char* const tiles = smem + G::kXBytes;                       // A tiles: hi, then lo
+  float* const sums = reinterpret_cast<float*>(smem + G::kXBytes + 2 * G::kTilesBytes);  // [k][kPartial]
+  float2* const pix = reinterpret_cast<float2*>(smem + G::kXBytes + 2 * G::kTilesBytes + G::kSumBytes);
+  unsigned char* const masks = reinterpret_cast<unsigned char*>(pix + G::kCols);  // blocks present, by chunk
+  uint32_t* const scale_max = reinterpret_cast<uint32_t*>(masks + G::kChunks);
+  for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
+  for (int i = threadIdx.x; i < 2 * G::kTilesBytes / 16; i += blockDim.x) {
+    reinterpret_cast<uint4*>(tiles)[i] = make_uint4(0, 0, 0, 0);
+  }
+  if (threadIdx.x == 0) *scale_max = 0;
+  __syncthreads();
+  {
+    uint32_t m = 0;
+    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
+    atomicMax(scale_max, m);
+  }
+  __syncthreads();
+  const int scale = max(-100, min(100, 141 - max((int)(*scale_max >> 23), 1)));
+  const float up = G::pow2(scale);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
+  uint64_t poisoned = 0;
+  const int wi = warp >> 1, wh = warp & 1;  // this warp's input row offset and channel half
+  float acc[G::kBlocks][G::kKsize][4], bias_hi[G::kBlocks][4], bias_lo[G::kBlocks][4];
+#pragma unroll
+  for (int b = 0; b < G::kBlocks; ++b) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+#pragma unroll
+      for (int j = 0; j < G::kKsize; ++j) acc[b][j][r] = 0.f;
+      bias_hi[b][r] = bias_lo[b][r] = 0.f;
+    }
+  }
+
+  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+  const int col_blocks = (OW + G::kCols - 1) / G::kCols;
+  int64_t begin, end;
+  step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+  struct Step {
+    int64_t n;
+    int cb, oy;
+  };
+  const auto following = [&](Step t) {
+    if (++t.oy == OH) {
+      t.oy = 0;
+      if (++t.cb == col_blocks) {
+        t.cb = 0;
+        ++t.n;
+      }
+    }
+    return t;
+  };
+  // Input row y of the strip: item at = 4 channels of one column, into registers, then rounded and stored.
+  float row_next[G::kRowPerThread][4];
+  uint32_t bad_slots = 0;  // bit i: this thread stored an input fp16 does not hold into ring slot i
+  const auto load_row = [&](int64_t n, int cb, int y) {
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = cb * G::kCols + at % G::kXCols;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        row_next[u][c] = 0.f;
+        if (at < G::kRowItems && col < W) {
+          row_next[u][c] = convert<float>(x[((n * G::kCin + 4 * quad + c) * H + y) * W + col]);
+        }
+      }
+    }
+  };
+  const auto store_row = [&](int y) {
+    unsigned char* const slot = xs + (y % G::kKsize) * G::kSlotBytes;
+    uint32_t over = 0;
+#pragma unroll
+    for (int u = 0; u < G::kRowPerThread; ++u) {
+      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = at % G::kXCols;
+      if (at < G::kRowItems) {
+        const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));
+        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(row_next[u][2]), round_to_tf32(row_next[u][3]));
+        // bit 15 of a half set where its magnitude is 0x7C00 or more: infinity (an overflow too) or NaN
+        over |= ((lo & 0x7FFF7FFFu) + 0x04000400u) | ((hi & 0x7FFF7FFFu) + 0x04000400u);
+        *reinterpret_cast<uint2*>(slot + col * G::kColumnBytes + G::half_at(col, quad >> 1) * 16 + (quad & 1) * 8) =
+            make_uint2(lo, hi);
+      }
+    }
+    const uint32_t bit = 1u << (y % G::kKsize);
+    bad_slots = (over & 0x80008000u) != 0 ? bad_slots | bit : bad_slots & ~bit;
+  };
+  // This thread's pixel (column threadIdx.x of a step), a step ahead.
+  Elem g_next{};
+  float m_next = 0.f;
+  int k_next = -1;
+  const auto load_pixel = [&](Step t) {
+    const int ox = t.cb * G::kCols + threadIdx.x;
+    k_next = -1;
+    if (threadIdx.x < G::kCols && ox < OW) {
+      const int64_t p = (t.n * OH + t.oy) * OW + ox;
+      g_next = g[p];
+      m_next = pre_min[p];
+      k_next = argmin[p];
+    }
+  };
+  // ldmatrix rows of this lane: for B, column (pixel) lrow of a chunk at tap j = lj (x4: j 0 and 1) or 2 (x2); for
+  // A, row lrow of a tile, its 16-byte half lj.
+  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4;
+  const int a_row = lrow * 32 + G::half_at(lrow, lj) * 16;
+  const uint32_t tiles_u32 = smem_u32(tiles);
+  Step step{begin / ((int64_t)OH * col_blocks), (int)((begin / OH) % col_blocks), (int)(begin % OH)};
+  if (begin < end) load_pixel(step);
+  int written = -1;  // where this thread's pixel wrote its tiles' entries (cleared after the step)
+  for (int64_t s = begin; s < end; ++s, step = following(step)) {
+    const int oy = step.oy, cb = step.cb;
+    const int64_t n = step.n;
+    if (s == begin || oy == 0) {
+      for (int i = 0; i < G::kKsize; ++i) {
+        load_row(n, cb, oy + i);
+        store_row(oy + i);
+      }
+    }
+    const int k = k_next;
+    const float gm = k >= 0 ? min_grad(convert<float>(g_next), m_next) : 0.f;
+    // The next step's row and pixels, in flight from here to the end of this step.
+    const bool next_continues = s + 1 < end && oy + 1 < OH;
+    if (next_continues) load_row(n, cb, oy + G::kKsize);
+    if (s + 1 < end) load_pixel(following(step));
+    if (threadIdx.x < G::kCols) {
+      pix[threadIdx.x] = make_float2(gm, __int_as_float(k));
+      uint32_t block_bit = 0;
+      if (k >= 0) {
+        const float scaled = gm * up;
+        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
+        const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
+        const uint32_t lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+        written = G::tile_offset(threadIdx.x / G::kChunk, k >> 4, k & 15, threadIdx.x % G::kChunk);
+        *reinterpret_cast<uint16_t*>(tiles + written) = (uint16_t)hi;
+        *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = (uint16_t)lo;
+        block_bit = 1u << (k >> 4);
+      }
+      // lanes 0-15 hold chunk 2 warp, lanes 16-31 chunk 2 warp + 1
+      const uint32_t first = warp_or(lane < 16 ? block_bit : 0u);
+      const uint32_t second = warp_or(lane < 16 ? 0u : block_bit);
+      if (lane == 0) {
+        masks[2 * warp] = (unsigned char)first;
+        masks[2 * warp + 1] = (unsigned char)second;
+      }
+    }
+    const bool walk = __syncthreads_or(bad_slots != 0);
+    const int count = min(G::kCols, OW - cb * G::kCols);
+    if (walk) {  // an input fp16 does not hold: every entry's sum in fp32, pixel by pixel, inputs from global memory
+      if (e < G::kWalkers) {
+        const Elem* const my_x = x + ((n * G::kCin + walker_c) * H + oy + walker_i) * W + cb * G::kCols + walker_j;
+        const bool is_bias = e == G::kEntries;
+        for (int t = 0; t < count; ++t) {
+          const float2 p = pix[t];
+          const int kk = __float_as_int(p.y);
+          const float xv = is_bias ? 1.f : convert<float>(my_x[t]);
+          sums[kk * G::kPartial + e] = fmaf(p.x, xv, sums[kk * G::kPartial + e]);
+          if (!isfinite(xv)) poisoned |= ~(1ull << kk);
+        }
+      }
+    } else {
+      const uint32_t slot = smem_u32(xs + (oy + wi) % G::kKsize * G::kSlotBytes);
+#pragma unroll 2
+      for (int chunk = 0; chunk * G::kChunk < count; ++chunk) {
+        const uint32_t present = masks[chunk];
+        const int c01 = chunk * G::kChunk + lrow + lj, c2 = chunk * G::kChunk + lrow + 2;
+        uint32_t x01[4], x2[2];
+        ldmatrix_x4_trans(x01, slot + c01 * G::kColumnBytes + G::half_at(c01, wh) * 16);
+        ldmatrix_x2_trans(x2, slot + c2 * G::kColumnBytes + G::half_at(c2, wh) * 16);
+#pragma unroll
+        for (int b = 0; b < G::kBlocks; ++b) {
+          if (!((present >> b) & 1)) continue;
+          const uint32_t tile = tiles_u32 + (chunk * G::kBlocks + b) * G::kTileBytes + a_row;
+          uint32_t a[4];
+          ldmatrix_x4(a, tile);
+          mma_sync(acc[b][0], a, x01[0], x01[1], Operand<__half>{});
+          mma_sync(acc[b][1], a, x01[2], x01[3], Operand<__half>{});
+          mma_sync(acc[b][2], a, x2[0], x2[1], Operand<__half>{});
+          if (warp == 0) {  // the bias: A times a column of ones (lanes 0-3 hold B's column 0)
+            const uint32_t ones = lane < 4 ? G::kOnes : 0u;
+            uint32_t a_lo[4];
+            ldmatrix_x4(a_lo, tile + G::kTilesBytes);
+            mma_sync(bias_hi[b], a, ones, ones, Operand<__half>{});
+            mma_sync(bias_lo[b], a_lo, ones, ones, Operand<__half>{});
+          }
+        }
+      }
+    }
+    __syncthreads();  // the step is done with row oy's slot and the tiles
+    if (written >= 0) {
+      *reinterpret_cast<uint16_t*>(tiles + written) = 0;
+      *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = 0;
+      written = -1;
+    }
+    if (next_continues) store_row(oy + G::kKsize);
+  }
+  // acc[b][j]: rows k = 16 b + g (+ 8), columns c = 8 wh + 2 t (+ 1), entry (c, wi, j); each entry of the CTA's
+  // partial belongs to one lane. The bias: column 0 (lanes t = 0).
+  const float down = G::pow2(-scale);
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int b = 0; b < G::kBlocks; ++b) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int kk = 16 * b + gq + 8 * (r >> 1), c = 8 * wh + 2 * tq + (r & 1);
+#pragma unroll
+      for (int j = 0; j < G::kKsize; ++j) sums[kk * G::kPartial + c * G::kTaps + wi * G::kKsize + j] += acc[b][j][r] * down;
+      if (warp == 0 && tq == 0 && (r & 1) == 0) {
+        sums[kk * G::kPartial + G::kEntries] += (bias_hi[b][r] + bias_lo[b][r] * (1.f / 2048.f)) * down;
+      }
+    }
+  }
+  __syncthreads();
   if (e < G::kEntries) {
     for (int kk = 0; kk < G::kCout; ++kk) {
       if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);

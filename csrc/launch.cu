@@ -224,37 +224,61 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
 
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
+  static_assert(G::kCols == kb25::GradWeightMma::kCols, "both dW kernels take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
   return OH > 0 && OW > 0 ? N * OH * ((OW + G::kCols - 1) / G::kCols) : 0;
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU and shape: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks) {
-  using G = kb25::GradWeight;
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
+                                                            int* blocks) {
+  using Walk = kb25::GradWeight;
+  using Mma = kb25::GradWeightMma;
   int per_sm = 0;
   const cudaError_t err =
-      resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(G::kThreads, G::kSmemBytes, &per_sm);
+      tensor_cores
+          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                        &per_sm)
+          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                    &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
   return cudaSuccess;
 }
 
-extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() { return kb25::GradWeight::kCout * kb25::GradWeight::kPartial; }
+// A CTA's partial [kCout][kPartial], and one word more a CTA after all partials: the tensor cores' largest |g|.
+extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
+  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial + 1;
+}
 
 template <class Elem>
 struct LaunchGradWeight {
-  static cudaError_t run(const void* x, const void* g, const float* pre_min, const unsigned char* argmin,
-                         float* partial, int blocks, void* dw, void* db, int64_t N, int H, int W, cudaStream_t stream) {
+  static cudaError_t run(bool tensor_cores, const void* x, const void* g, const float* pre_min,
+                         const unsigned char* argmin, float* partial, int blocks, void* dw, void* db, int64_t N, int H,
+                         int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
-    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
-    const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(static_cast<const Elem*>(x), static_cast<const Elem*>(g),
-                                                             pre_min, argmin, partial, H, W, steps);
+    const auto* const xe = static_cast<const Elem*>(x);
+    const auto* const ge = static_cast<const Elem*>(g);
+    if (tensor_cores) {
+      using M = kb25::GradWeightMma;
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
+      const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
+      kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
+      kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
+                                                           steps);
+    } else {
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, H, W, steps);
+    }
     const int outputs = G::kCout * G::kPartial;
     kb25::conv3x3_min_tanh2_grad_weight_reduce_kernel<Elem><<<(outputs + 255) / 256, 256, 0, stream>>>(
         partial, blocks, static_cast<Elem*>(dw), static_cast<Elem*>(db));
@@ -262,9 +286,10 @@ struct LaunchGradWeight {
   }
 };
 
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream) {
-  return by_elem<LaunchGradWeight>(elem, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W, stream);
+  return by_elem<LaunchGradWeight>(elem, tensor_cores, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
+                                   stream);
 }

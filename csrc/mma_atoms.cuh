@@ -24,6 +24,21 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 
+// The same loads transposed: register i of lane 4r + c gets the elements at rows 2 c and 2 c + 1 of column r of
+// matrix i: the B fragment of mma.sync m16n8k16 from a matrix stored with k down its rows (two matrices: k 0-7, 8-15).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+#if KB25_HAS_FUSED
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+#endif
+}
+
 // Warpgroup MMA runs asynchronously: registers it accumulates into must stay untouched until wgmma.wait_group;
 // fence_operand() pins a value in its registers across that window.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

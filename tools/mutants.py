@@ -444,6 +444,44 @@ MUTANTS = {
         "        for (; at < to && false; ++at) {\n          const int2 item = list[at];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
+    # the tensor-core dW never multiplies the last block of 16 k (k 48-63), present or not
+    "grad_weight_mma_skips_the_last_block": (
+        "if (!((present >> b) & 1)) continue;",
+        "if (!((present >> b) & 1) || b == G::kBlocks - 1) continue;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the tensor-core dW leaves its sums at the fp16 operands' scale
+    "grad_weight_mma_scale_not_undone": (
+        "const float down = G::pow2(-scale);",
+        "const float down = 1.f;",
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+    ),
+    # the tensor-core dW leaves each step's gm in its A tiles: later steps multiply stale entries too
+    "grad_weight_mma_leaves_stale_tiles": (
+        "      *reinterpret_cast<uint16_t*>(tiles + written) = 0;\n",
+        "",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the tensor-core dW's bias drops what the fp16 hi part leaves of gm (db keeps 11 bits a term)
+    "grad_weight_mma_bias_drops_lo": (
+        "(bias_hi[b][r] + bias_lo[b][r] * (1.f / 2048.f)) * down",
+        "bias_hi[b][r] * down",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the tensor-core dW truncates x to TF32 instead of rounding it as the reference's TF32 conv does
+    "grad_weight_mma_truncates_x": (
+        "const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));",
+        "const uint32_t lo = Native16<__half>::pack2(__uint_as_float(__float_as_uint(row_next[u][0]) & 0xFFFFE000u), "
+        "__uint_as_float(__float_as_uint(row_next[u][1]) & 0xFFFFE000u));",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the tensor-core dW multiplies a step with a NaN or an infinity in its window instead of walking it
+    "grad_weight_mma_never_walks": (
+        "const bool walk = __syncthreads_or(bad_slots != 0);",
+        "const bool walk = __syncthreads_or(false);",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
+    ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (
         "return g * (1.f - t2 * t2) * (1.f - t1 * t1);",
@@ -483,29 +521,30 @@ MUTANTS = {
     ),
     # dW forgets the reference's 0 * NaN for channels other than the pixel's argmin
     "grad_weight_forgets_zero_times_nan": (
+        "  }\n  if (e < G::kEntries) {\n    for (int kk = 0; kk < G::kCout; ++kk) {\n"
         "      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);\n",
-        "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
+        "  }\n  if (e < G::kEntries) {\n    for (int kk = 0; kk < G::kCout; ++kk) {\n",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-strict_fp32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-strict_fp32")],
     ),
     # dX forgets the reference's 0 * inf for an infinite weight of another channel
     "grad_input_forgets_zero_times_inf": (
         "            if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);\n",
         "",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100-strict_fp32")],
     ),
     # dW's non-finite flag covers only the newest row of the window, not the three rows it holds
     "grad_weight_flags_only_the_newest_row": (
         "bad_slots = bad ? bad_slots | bit : bad_slots & ~bit;",
         "bad_slots = bad ? bit : 0u;",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-strict_fp32")],
     ),
     # NaN in one channel loses to the numbers of the others (precedes lets a number win over a NaN)
     "nan_loses_to_numbers": (
         "if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);",
         "if (a_nan || b_nan) return b_nan && (!a_nan || ia < ib);",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100"),
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-strict_fp32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-A100-strict_fp32"),
          "test_argmin_order_is_torch_mins_in_any_fold_order"],
     ),
     # forwards under autograd ignore the saving switch (always the inference op)

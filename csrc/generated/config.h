@@ -65,9 +65,11 @@ extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
+                                                            int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);

@@ -32,7 +32,7 @@ struct GradInput : GradGeometry {
   // Shared memory: the weights as [tap][k][c] (fp32; a row of 16 channels is 4 chunks of 16 bytes, chunk c4 stored
   // at c4 ^ ((k >> 1) & 3), so that rows of different k spread over 8 chunk positions of the banks: the lanes of a
   // warp read rows of their own pixels' k); then per weight column (c, tap) a mask of the channels k whose weight
-  // there is not finite; then the step's (gm, k) of the kKsize output rows it reads.
+  // there is not finite; then a ring of the (gm, k) of the kKsize output rows a step reads.
   static constexpr int kWeightBytes = kTaps * kCout * kCin * 4;
   static constexpr int kMaskBytes = kEntries * 8;
   static constexpr int kSmemBytes = kWeightBytes + kMaskBytes + kKsize * kTileCols * 8;
@@ -82,21 +82,20 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
   const int col_blocks = (W + G::kCols - 1) / G::kCols;
   int64_t begin, end;
   step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
-  // A step's (gm, k) inputs: output row y - i, column q0 - (kKsize - 1) + t goes to tile[i * kTileCols + t]. Thread
-  // items at = threadIdx.x + u * kThreads; the next step's loads are in flight while this step computes.
-  constexpr int kItems = G::kKsize * G::kTileCols, kPerThread = (kItems + G::kThreads - 1) / G::kThreads;
+  // Steps go down a column strip: step s is input row s % H of strip (s / H) % col_blocks of image s / (H *
+  // col_blocks), so consecutive steps of a range share two of their three output rows. The (gm, k) of output row oy,
+  // columns q0 - (kKsize - 1) .. q0 + kCols - 1, sit in ring slot (oy + kKsize) % kKsize of `tile`: each output
+  // pixel's gm is computed once a strip, and a step brings in one new row (oy = y), loaded a step ahead.
+  constexpr int kPerThread = (G::kTileCols + G::kThreads - 1) / G::kThreads;
   Elem g_next[kPerThread];
   float m_next[kPerThread];
   int k_next[kPerThread];
-  const auto load = [&](int64_t step) {
-    const int cb = (int)(step % col_blocks), y = (int)((step / col_blocks) % H);
-    const int64_t n = step / ((int64_t)col_blocks * H);
+  const auto load_row = [&](int64_t n, int cb, int oy) {
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
-      const int at = threadIdx.x + u * G::kThreads, i = at / G::kTileCols;
-      const int oy = y - i, ox = cb * G::kCols - (G::kKsize - 1) + at % G::kTileCols;
+      const int at = threadIdx.x + u * G::kThreads, ox = cb * G::kCols - (G::kKsize - 1) + at;
       k_next[u] = G::kNoPixel;
-      if (at < kItems && oy >= 0 && oy < OH && ox >= 0 && ox < OW) {
+      if (at < G::kTileCols && oy >= 0 && oy < OH && ox >= 0 && ox < OW) {
         const int64_t pix = (n * OH + oy) * OW + ox;
         g_next[u] = g[pix];
         m_next[u] = pre_min[pix];
@@ -104,22 +103,41 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
       }
     }
   };
-  if (begin < end) load(begin);
-  for (int64_t s = begin; s < end; ++s) {
-    const int cb = (int)(s % col_blocks);
-    const int y = (int)((s / col_blocks) % H);
-    const int64_t n = s / ((int64_t)col_blocks * H);
-    const int q0 = cb * G::kCols;
+  const auto store_row = [&](int oy) {
+    float2* const slot = tile + (oy + G::kKsize) % G::kKsize * G::kTileCols;
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads;
-      if (at < kItems) {
+      if (at < G::kTileCols) {
         const bool inside = k_next[u] != G::kNoPixel;
-        tile[at] = make_float2(inside ? min_grad(convert<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
+        slot[at] = make_float2(inside ? min_grad(convert<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
       }
     }
+  };
+  int y = (int)(begin % H), cb = (int)((begin / H) % col_blocks);
+  int64_t n = begin / ((int64_t)H * col_blocks);
+  for (int64_t s = begin; s < end; ++s) {
+    const int q0 = cb * G::kCols;
+    if (s == begin || y == 0) {  // a strip's first step here: its three output rows
+      for (int i = G::kKsize - 1; i >= 0; --i) {
+        load_row(n, cb, y - i);
+        store_row(y - i);
+      }
+    } else {
+      store_row(y);
+    }
     __syncthreads();
-    if (s + 1 < end) load(s + 1);
+    // The next step's new row, in flight while this step sums; at a strip's end the next step loads its own three.
+    int y1 = y + 1, cb1 = cb;
+    int64_t n1 = n;
+    if (y1 == H) {
+      y1 = 0;
+      if (++cb1 == col_blocks) {
+        cb1 = 0;
+        ++n1;
+      }
+    }
+    if (s + 1 < end && y1 != 0) load_row(n1, cb1, y1);
     const int q = q0 + threadIdx.x;
     if (q < W) {
       float acc[G::kCin];
@@ -128,7 +146,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll 3
       for (int tap = 0; tap < G::kTaps; ++tap) {
         const int i = tap / G::kKsize, j = tap % G::kKsize;
-        const float2 v = tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
+        const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
         const int k = __float_as_int(v.y);
         if (k != G::kNoPixel) {
           const float4* const row = ws + (tap * G::kCout + k) * 4;
@@ -146,7 +164,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll 1
         for (int tap = 0; tap < G::kTaps; ++tap) {
           const int i = tap / G::kKsize, j = tap % G::kKsize;
-          const int k = __float_as_int(tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
+          const int k = __float_as_int(tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
           const uint64_t others = k == G::kNoPixel ? 0 : ~(1ull << k);
 #pragma unroll
           for (int c = 0; c < G::kCin; ++c) {
@@ -157,7 +175,10 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll
       for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
     }
-    __syncthreads();
+    __syncthreads();  // the next step stores its new row over the slot of row y - 2
+    y = y1;
+    cb = cb1;
+    n = n1;
   }
 }
 

@@ -425,10 +425,16 @@ MUTANTS = {
     ),
     # the backward: dX gathers the gradient of the mirrored neighbour (q + j instead of q - j)
     "grad_input_wrong_neighbour": (
-        "const float2 v = tile[i * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
-        "const float2 v = tile[i * G::kTileCols + threadIdx.x + j];",
+        "const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
+        "const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + j];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
          node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-T4")],
+    ),
+    # dX keeps its ring of output rows across a strip's start: the new strip's first rows read the last strip's
+    "grad_input_strip_start_keeps_the_ring": (
+        "if (s == begin || y == 0) {  // a strip's first step here",
+        "if (s == begin) {  // a strip's first step here",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-tf32")],
     ),
     # ties go to the last channel instead of torch.min's first
     "ties_go_to_the_last_channel": (

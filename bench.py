@@ -327,7 +327,7 @@ def bench_training(args, init, shape):
     return out
 
 
-# Issue-45 training table: every form, batch and precision of the step a user runs, in one process.
+# The training table: every form, batch and precision of the step a user runs, in one process.
 TRAIN_FORMS = ("params_only", "x_and_params")
 TRAIN_FORM_NS = (32, 128)
 TRAIN_FORM_PRECISIONS = ("tf32", "bf16")

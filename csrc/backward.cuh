@@ -24,6 +24,28 @@ struct GradGeometry {
   static constexpr int kNoPixel = 255;           // a tap that falls outside the output
 };
 
+// A backward CTA's step: row `row` of column strip cb of image n, rows fastest, so that consecutive steps go down a
+// strip. Found by divisions for a range's first step, then advanced from step to step: 64-bit divisions take hundreds
+// of cycles each.
+struct StripStep {
+  int64_t n;
+  int cb, row;
+  __device__ static StripStep of(int64_t s, int rows, int col_blocks) {
+    return {s / ((int64_t)rows * col_blocks), (int)((s / rows) % col_blocks), (int)(s % rows)};
+  }
+  __device__ StripStep following(int rows, int col_blocks) const {
+    StripStep t = *this;
+    if (++t.row == rows) {
+      t.row = 0;
+      if (++t.cb == col_blocks) {
+        t.cb = 0;
+        ++t.n;
+      }
+    }
+    return t;
+  }
+};
+
 // dX[c, y, q] = sum over taps (i, j) with p = (y - i, q - j) inside the output of gm[p] * W[k(p), c, i, j]: a gather,
 // no atomics. A step is one input row segment of kCols columns; a thread owns one column and its 16 channels.
 struct GradInput : GradGeometry {
@@ -231,22 +253,6 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   const int col_blocks = (OW + G::kCols - 1) / G::kCols;
   int64_t begin, end;
   step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
-  // Step s: output row oy of column strip cb of image n (rows fastest). Found by divisions for the first step, then
-  // advanced from step to step: 64-bit divisions take hundreds of cycles each.
-  struct Step {
-    int64_t n;
-    int cb, oy;
-  };
-  const auto following = [&](Step t) {
-    if (++t.oy == OH) {
-      t.oy = 0;
-      if (++t.cb == col_blocks) {
-        t.cb = 0;
-        ++t.n;
-      }
-    }
-    return t;
-  };
   // Input row y of the strip into registers (row_next), then into its ring slot y % kKsize.
   float row_next[G::kRowPerThread];
   // Bit i: this thread stored a non-finite input into ring slot i (it stores the same positions of every row, so the
@@ -278,20 +284,20 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   Elem g_next{};
   float m_next = 0.f;
   int k_next = -1;
-  const auto load_pixel = [&](Step t) {
+  const auto load_pixel = [&](StripStep t) {
     const int ox = t.cb * G::kCols + threadIdx.x;
     k_next = -1;
     if (warp < G::kSortWarps && ox < OW) {
-      const int64_t pix = (t.n * OH + t.oy) * OW + ox;
+      const int64_t pix = (t.n * OH + t.row) * OW + ox;
       g_next = g[pix];
       m_next = pre_min[pix];
       k_next = argmin[pix];
     }
   };
-  Step step{begin / ((int64_t)OH * col_blocks), (int)((begin / OH) % col_blocks), (int)(begin % OH)};
+  StripStep step = StripStep::of(begin, OH, col_blocks);
   if (begin < end) load_pixel(step);
-  for (int64_t s = begin; s < end; ++s, step = following(step)) {
-    const int oy = step.oy, cb = step.cb;
+  for (int64_t s = begin; s < end; ++s, step = step.following(OH, col_blocks)) {
+    const int oy = step.row, cb = step.cb;
     const int64_t n = step.n;
     const int count = min(G::kCols, OW - cb * G::kCols);
     if (s == begin || oy == 0) {  // a new strip: its window's three rows
@@ -349,7 +355,7 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     // The next step's row and pixels, in flight while this step is summed.
     const bool next_continues = s + 1 < end && oy + 1 < OH;
     if (next_continues) load_row(n, cb, oy + G::kKsize);
-    if (s + 1 < end) load_pixel(following(step));
+    if (s + 1 < end) load_pixel(step.following(OH, col_blocks));
     if (e < G::kWalkers) {
       const bool is_bias = e == G::kEntries;
       const float* const my_x = xs + ((oy + walker_i) % G::kKsize * G::kCin + walker_c) * G::kXPitch + walker_j;
@@ -522,20 +528,6 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   const int col_blocks = (OW + G::kCols - 1) / G::kCols;
   int64_t begin, end;
   step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
-  struct Step {
-    int64_t n;
-    int cb, oy;
-  };
-  const auto following = [&](Step t) {
-    if (++t.oy == OH) {
-      t.oy = 0;
-      if (++t.cb == col_blocks) {
-        t.cb = 0;
-        ++t.n;
-      }
-    }
-    return t;
-  };
   // Input row y of the strip: item at = 4 channels of one column, into registers, then rounded and stored.
   float row_next[G::kRowPerThread][4];
   uint32_t bad_slots = 0;  // bit i: this thread stored an input fp16 does not hold into ring slot i
@@ -574,11 +566,11 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   Elem g_next{};
   float m_next = 0.f;
   int k_next = -1;
-  const auto load_pixel = [&](Step t) {
+  const auto load_pixel = [&](StripStep t) {
     const int ox = t.cb * G::kCols + threadIdx.x;
     k_next = -1;
     if (threadIdx.x < G::kCols && ox < OW) {
-      const int64_t p = (t.n * OH + t.oy) * OW + ox;
+      const int64_t p = (t.n * OH + t.row) * OW + ox;
       g_next = g[p];
       m_next = pre_min[p];
       k_next = argmin[p];
@@ -589,11 +581,11 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4;
   const int a_row = lrow * 32 + G::half_at(lrow, lj) * 16;
   const uint32_t tiles_u32 = smem_u32(tiles);
-  Step step{begin / ((int64_t)OH * col_blocks), (int)((begin / OH) % col_blocks), (int)(begin % OH)};
+  StripStep step = StripStep::of(begin, OH, col_blocks);
   if (begin < end) load_pixel(step);
   int written = -1;  // where this thread's pixel wrote its tiles' entries (cleared after the step)
-  for (int64_t s = begin; s < end; ++s, step = following(step)) {
-    const int oy = step.oy, cb = step.cb;
+  for (int64_t s = begin; s < end; ++s, step = step.following(OH, col_blocks)) {
+    const int oy = step.row, cb = step.cb;
     const int64_t n = step.n;
     if (s == begin || oy == 0) {
       for (int i = 0; i < G::kKsize; ++i) {
@@ -606,7 +598,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     // The next step's row and pixels, in flight from here to the end of this step.
     const bool next_continues = s + 1 < end && oy + 1 < OH;
     if (next_continues) load_row(n, cb, oy + G::kKsize);
-    if (s + 1 < end) load_pixel(following(step));
+    if (s + 1 < end) load_pixel(step.following(OH, col_blocks));
     if (threadIdx.x < G::kCols) {
       pix[threadIdx.x] = make_float2(gm, __int_as_float(k));
       uint32_t block_bit = 0;

@@ -333,8 +333,10 @@ TRAIN_FORM_NS = (32, 128)
 TRAIN_FORM_PRECISIONS = ("tf32", "bf16")
 
 
-def _peak_mb(step):
-    """The peak memory one call of step allocates above what was allocated before it, in MB."""
+def _peak_mb(step, clear):
+    """The peak memory one call of step allocates above what was allocated before it, in MB; clear() first drops
+    what the last step left (its gradients), which the step would free before allocating them again."""
+    clear()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -366,9 +368,12 @@ def bench_training_forms(args, init, shape):
                 entry = {"form": form, "n": n, "precision": precision, "ms": {}, "peak_mb": {}}
                 for name, model in (("reference", ref), ("reference_compiled", torch.compile(ref)),
                                     ("model_new", new)):
-                    def step():
+                    def clear():
                         model.zero_grad(set_to_none=True)
                         x.grad = None
+
+                    def step():
+                        clear()
                         out = model(x)
                         if form == "params_only":
                             torch.nn.functional.mse_loss(out, target).backward()
@@ -377,7 +382,7 @@ def bench_training_forms(args, init, shape):
 
                     step()  # compiles, or builds what the first backward builds
                     if name != "reference_compiled":
-                        entry["peak_mb"][name] = _peak_mb(step)
+                        entry["peak_mb"][name] = _peak_mb(step, clear)
                     # 10 trials a model: steps of 1-16 ms, and the 8 compiles keep bench.py within its 10 minutes
                     entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
                                                                             warmup=args.warmup))

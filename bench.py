@@ -293,25 +293,20 @@ def bench_training(args, init, shape):
     w, b = ref.conv.weight.detach(), ref.conv.bias.detach()
     truth = harness.float64_grads(x.detach(), w, b, g)
     for name, model in (("reference", ref), ("model_new", new)):
-        def step():
+        def clear():
             model.zero_grad(set_to_none=True)
             x.grad = None
+
+        def step():
+            clear()
             model(x).backward(g)
 
         step()
         grads = (x.grad, model.conv.weight.grad, model.conv.bias.grad)
         out["grad_err_vs_f64"][name] = {k: harness.relative_error(v, t) for k, v, t in zip("x weight bias".split(),
                                                                                          grads, truth)}
-        model.zero_grad(set_to_none=True)
-        x.grad = None
         del grads
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        out["peak_mb"][name] = (torch.cuda.max_memory_allocated() - before) / 1e6
+        out["peak_mb"][name] = _peak_mb(step, clear)
         out["ms"][name] = statistics.median(harness.time_cuda(step, trials=args.trials, warmup=args.warmup))
         model.zero_grad(set_to_none=True)
         x.grad = None

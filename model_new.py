@@ -1313,6 +1313,20 @@ struct GradWeight : GradGeometry {
   static_assert(kThreads >= kWalkers && kThreads == 32 * (kSortWarps + 1) && kCout == 64, "layout");
 };
 
+// The end of both dW kernels: entry e's sums made NaN for the k its walk poisoned (the reference's 0 * NaN), then
+// the CTA's partial [kCout][kPartial] from shared memory to its place in `partial`.
+__device__ __forceinline__ void write_partial(float* sums, uint64_t poisoned, int e, float* __restrict__ partial) {
+  using G = GradWeight;
+  if (e < G::kEntries) {
+    for (int kk = 0; kk < G::kCout; ++kk) {
+      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
+    }
+  }
+  __syncthreads();
+  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
+  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+}
+
 template <class Elem>
 __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     conv3x3_min_tanh2_grad_weight_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
@@ -1474,14 +1488,7 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
     __syncthreads();  // the walk is done with row oy's slot
     if (next_continues) store_row(oy + G::kKsize);
   }
-  if (e < G::kEntries) {
-    for (int kk = 0; kk < G::kCout; ++kk) {
-      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
-    }
-  }
-  __syncthreads();
-  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
-  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+  write_partial(sums, poisoned, e, partial);
 }
 
 // The largest finite |g| of the output's gradient (as bits; |gm| <= |g|), one value per CTA into maxima: the tensor
@@ -1538,7 +1545,7 @@ struct GradWeightMma : GradGeometry {
   static constexpr int kCols = 128, kThreads = 192, kMinBlocks = 2;
   static constexpr int kXCols = kCols + kKsize - 1;
   static constexpr int kWalkers = kEntries + 1;  // for a walked step: the weight entries, then the bias
-  static constexpr int kPartial = kEntries + 1;
+  static constexpr int kPartial = GradWeight::kPartial;  // the partials write_partial writes
   static constexpr int kChunk = 16, kChunks = kCols / kChunk, kBlocks = kCout / 16;
   static constexpr int kQuads = kCin / 4;  // a row item: 4 channels of one column
   static constexpr int kRowItems = kQuads * kXCols;
@@ -1771,14 +1778,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     }
   }
   __syncthreads();
-  if (e < G::kEntries) {
-    for (int kk = 0; kk < G::kCout; ++kk) {
-      if ((poisoned >> kk) & 1) sums[kk * G::kPartial + e] = __int_as_float(0x7fffffff);
-    }
-  }
-  __syncthreads();
-  float* const mine = partial + (int64_t)blockIdx.x * G::kCout * G::kPartial;
-  for (int at = threadIdx.x; at < G::kCout * G::kPartial; at += blockDim.x) mine[at] = sums[at];
+  write_partial(sums, poisoned, e, partial);
 }
 
 // The partials of `blocks` CTAs added in CTA order; dw [k][entries] and db [k] (either may be null) in Elem.

@@ -2127,7 +2127,9 @@ def test_training_saves_in_forward_from_the_first_backward_on(tf32_default):
             assert "conv_min_tanh2_default" in out.grad_fn.name() and not model_new.save_in_forward()
             out.backward(g)
             assert model_new.save_in_forward()
-            assert "conv_min_tanh2_with_argmin" in new(xg).grad_fn.name()
+            saved = new(xg)
+            name = saved.grad_fn.name()  # the saving op's node, or its eager form's (_SavingStep)
+            assert "conv_min_tanh2_with_argmin" in name or "_SavingStep" in name, name
             first = (xg.grad, new.conv.weight.grad, new.conv.bias.grad)
             again = _grads(new, x, g)[1:]
         assert all(torch.equal(a, b) for a, b in zip(first, again))

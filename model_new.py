@@ -5090,12 +5090,12 @@ class ModelNew(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
         # The op that saves the argmin for its backward (see save_in_forward); is_compiling() first, so that Dynamo
-        # does not read (and guard on) the switch. Eager CUDA calls with nothing watching the dispatcher take the same
-        # kernels and formula without the op's layers (_SavingStep).
+        # does not read (and guard on) the switch. Eager CUDA calls with nothing watching the dispatcher (no dispatch
+        # mode, functorch transform or jit trace) take the same kernels and formula without the op's layers.
         if records and (torch.compiler.is_compiling() or _save_in_forward[0]):
             if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda
                     and not torch.is_autocast_enabled("cuda") and torch._C._len_torch_dispatch_stack() == 0
-                    and not torch._C._functorch.is_functorch_wrapped_tensor(x)):
+                    and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None):
                 return _SavingStep.apply(x, weight, bias, backend)
             return conv_min_tanh2_with_argmin(x, weight, bias, backend)[0]
         return conv_min_tanh2(x, weight, bias, backend)

@@ -1994,7 +1994,7 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
         _, _, dw, db = _grads(new, x, g)
         w, b = new.conv.weight.detach(), new.conv.bias.detach()
         _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
-        for scale in (2.0**60, 2.0**-60):
+        for scale in (2.0**60, 2.0**-60, 2.0**118):  # 2^118: the tensor cores' operand scale near its low end
             _, _, dw_scaled, db_scaled = _grads(new, x, g * scale)
             assert torch.equal(dw_scaled.float(), dw.float() * scale), (scale, "dw")
             assert torch.equal(db_scaled.float(), db.float() * scale), (scale, "db")
@@ -2004,6 +2004,38 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
             want = harness.routed_float64_grads(x, w, argmin, pre_min, mixed)[1]
             tol = TF32_WEIGHT_GRAD_TOL if _weight_grad_on_tensor_cores(profile, precision) else ROUTED_TOL[precision]
             assert harness.relative_error(dw_mixed, want) <= max(tol, ROUTED_TOL[precision]), (scale, "dw mixed")
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+@pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image"])
+def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile, case, tf32_default):
+    """The tensor cores' fp16 operands keep 2^-24 steps. Where all of x is tiny (rand * 1e-6) its steps are summed in
+    fp32; x = rand * 1e-3 (a twentieth of it below fp16's normals) stays on the tensor cores within TF32's class; one
+    tiny image beside a normal one mixes the two. dW against the float64 chain (and on TF32-rounded operands, where
+    the tensor cores ran alone), db and dX within fp32's bound."""
+    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 40, 150), seed=67)
+    with torch.no_grad():
+        if case == "tiny_x":
+            x *= 1e-6
+        elif case == "small_x":
+            x *= 1e-3
+        else:
+            x[1] *= 1e-6
+    with harness.emulated(profile):
+        _, dx, dw, db = _grads(new, x, g)
+        w = new.conv.weight.detach()
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, new.conv.bias.detach(), AUTO)
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+    where = f"{profile} {case}"
+    tol = {"x": 1e-5, "b": 1e-5,
+           "w": TF32_WEIGHT_GRAD_TOL if case.startswith("tiny") else
+           _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, "tf32", where)}
+    for name, got, truth in zip("xwb", (dx, dw, db), want):
+        err = harness.relative_error(got, truth)
+        assert err <= tol[name], f"{where} d{name}: {err}"
+    if case == "tiny_x":  # walked: every product in fp32
+        assert harness.relative_error(dw, want[1]) <= 1e-5, where
 
 
 @needs_cuda

@@ -447,12 +447,16 @@ __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 // pixels x 8 channels of one tap, by ldmatrix.trans from the ring's rows ([slot][column][16 channels], fp16). Only
 // the blocks a chunk holds are multiplied (each pixel thread sets its block's bit of its chunk's mask).
 // - x is rounded as the reference's TF32 conv rounds it (cvt.rna), then carried in fp16, which holds a TF32 value
-//   exactly if it is an fp16 normal (below 2^-14 fp16 keeps 2^-24 steps, under 6e-8 of a product's input); bf16 and
-//   fp16 inputs are what they are. A step whose window holds an input fp16 cannot hold (|x| >= 65520 after
-//   rounding, inf, NaN) is walked instead: each entry's sum in fp32 on the CUDA cores, the inputs from global memory.
-// - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the
-//   operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. A gm
-//   below 2^-38 of that largest |g| is lost (as in any fp32 sum that holds the largest).
+//   exactly if it is an fp16 normal; below 2^-14 fp16 keeps 2^-24 steps (bf16 and fp16 inputs are what they are).
+//   A step is walked instead (each entry's sum in fp32 on the CUDA cores, the inputs from global memory) where its
+//   window holds an input fp16 cannot hold (|x| >= 65520 after rounding, inf, NaN), or a row whose inputs are all
+//   below kSmallRow (and not all zero): there fp16's steps would cost more than TF32's rounding. A row with an
+//   input of kSmallRow or more keeps its smaller ones within 2^-25 of their value, under 2^-15 of its largest.
+// - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the operand
+//   is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. gm's factor
+//   (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 = tanh(m) is 1 or at least 2^-24 below it), so
+//   the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of that largest |g| is lost (as in any fp32
+//   sum that holds the largest). The scale stays within [-126, 127]: a largest |g| up to fp32's largest fits.
 // - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
 //   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
 // Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
@@ -473,7 +477,8 @@ struct GradWeightMma : GradGeometry {
   static constexpr int kTilesBytes = kChunks * kBlocks * kTileBytes;  // hi, then lo
   static constexpr int kSumBytes = kCout * kPartial * 4;
   static constexpr int kPixelBytes = kCols * 8;  // (gm, k) by column, for a walked step
-  static constexpr int kMaskBytes = 16;
+  static constexpr int kMaskBytes = 48;  // the chunks' block masks, the scale's maximum, the ring rows' words
+  static constexpr float kSmallRow = 0x1p-10f;
   static constexpr int kSmemBytes = kXBytes + 2 * kTilesBytes + kSumBytes + kPixelBytes + kMaskBytes;
   static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 ones
   // The 16-byte half h of a 32-byte row sits at h ^ ((row >> 2) & 1): an ldmatrix's 8 rows (columns of the ring;
@@ -502,11 +507,14 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   float2* const pix = reinterpret_cast<float2*>(smem + G::kXBytes + 2 * G::kTilesBytes + G::kSumBytes);
   unsigned char* const masks = reinterpret_cast<unsigned char*>(pix + G::kCols);  // blocks present, by chunk
   uint32_t* const scale_max = reinterpret_cast<uint32_t*>(masks + G::kChunks);
+  // Per ring slot: (t << 1 | any input not 0), (t << 1 | any of kSmallRow or more), t the row's number in the CTA
+  // (from 1): each warp's atomicMax sets its OR without a clear, a later row's t being larger.
+  uint32_t* const row_words = scale_max + 1;
   for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
   for (int i = threadIdx.x; i < 2 * G::kTilesBytes / 16; i += blockDim.x) {
     reinterpret_cast<uint4*>(tiles)[i] = make_uint4(0, 0, 0, 0);
   }
-  if (threadIdx.x == 0) *scale_max = 0;
+  if (threadIdx.x <= 2 * G::kKsize) scale_max[threadIdx.x] = 0;
   __syncthreads();
   {
     uint32_t m = 0;
@@ -514,7 +522,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     atomicMax(scale_max, m);
   }
   __syncthreads();
-  const int scale = max(-100, min(100, 141 - max((int)(*scale_max >> 23), 1)));
+  const int scale = max(-126, min(127, 141 - max((int)(*scale_max >> 23), 1)));
   const float up = G::pow2(scale);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
@@ -538,6 +546,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   // Input row y of the strip: item at = 4 channels of one column, into registers, then rounded and stored.
   float row_next[G::kRowPerThread][4];
   uint32_t bad_slots = 0;  // bit i: this thread stored an input fp16 does not hold into ring slot i
+  uint32_t rows_stored = 0;
   const auto load_row = [&](int64_t n, int cb, int y) {
 #pragma unroll
     for (int u = 0; u < G::kRowPerThread; ++u) {
@@ -553,11 +562,17 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   };
   const auto store_row = [&](int y) {
     unsigned char* const slot = xs + (y % G::kKsize) * G::kSlotBytes;
-    uint32_t over = 0;
+    uint32_t over = 0, nonzero = 0, large = 0;
 #pragma unroll
     for (int u = 0; u < G::kRowPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = at % G::kXCols;
       if (at < G::kRowItems) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float a = fabsf(row_next[u][c]);
+          nonzero |= a > 0.f && a <= 0x1.fffffep127f;
+          large |= a >= G::kSmallRow && a <= 0x1.fffffep127f;
+        }
         const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));
         const uint32_t hi = Native16<__half>::pack2(round_to_tf32(row_next[u][2]), round_to_tf32(row_next[u][3]));
         // bit 15 of a half set where its magnitude is 0x7C00 or more: infinity (an overflow too) or NaN
@@ -568,6 +583,12 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     }
     const uint32_t bit = 1u << (y % G::kKsize);
     bad_slots = (over & 0x80008000u) != 0 ? bad_slots | bit : bad_slots & ~bit;
+    ++rows_stored;
+    const uint32_t any_nonzero = warp_or(nonzero), any_large = warp_or(large);
+    if (lane == 0) {
+      atomicMax(row_words + 2 * (y % G::kKsize), rows_stored << 1 | any_nonzero);
+      atomicMax(row_words + 2 * (y % G::kKsize) + 1, rows_stored << 1 | any_large);
+    }
   };
   // This thread's pixel (column threadIdx.x of a step), a step ahead.
   Elem g_next{};
@@ -627,9 +648,11 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
         masks[2 * warp + 1] = (unsigned char)second;
       }
     }
-    const bool walk = __syncthreads_or(bad_slots != 0);
+    bool walk = __syncthreads_or(bad_slots != 0);
+#pragma unroll
+    for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);
     const int count = min(G::kCols, OW - cb * G::kCols);
-    if (walk) {  // an input fp16 does not hold: every entry's sum in fp32, pixel by pixel, inputs from global memory
+    if (walk) {  // inputs fp16 does not hold well: every entry's sum in fp32, pixel by pixel, inputs from global memory
       if (e < G::kWalkers) {
         const Elem* const my_x = x + ((n * G::kCin + walker_c) * H + oy + walker_i) * W + cb * G::kCols + walker_j;
         const bool is_bias = e == G::kEntries;

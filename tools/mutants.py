@@ -483,10 +483,22 @@ MUTANTS = {
     ),
     # the tensor-core dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_mma_never_walks": (
-        "const bool walk = __syncthreads_or(bad_slots != 0);",
-        "const bool walk = __syncthreads_or(false);",
+        "bool walk = __syncthreads_or(bad_slots != 0);",
+        "bool walk = __syncthreads_or(false);",
         [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
          node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
+    ),
+    # the tensor-core dW multiplies windows whose rows are all tiny in fp16 (2^-24 steps) instead of walking them
+    "grad_weight_mma_ignores_tiny_rows": (
+        "    for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);\n",
+        "",
+        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100")],
+    ),
+    # the tensor-core dW's operand scale keeps its old lower clamp: a largest |g| above 2^116 overflows fp16
+    "grad_weight_mma_scale_clamped_at_minus_100": (
+        "const int scale = max(-126, min(127, 141 - max((int)(*scale_max >> 23), 1)));",
+        "const int scale = max(-100, min(100, 141 - max((int)(*scale_max >> 23), 1)));",
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (

@@ -205,6 +205,11 @@ extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x,
                                                       int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
+// Strict fp32's saved pre-tanh minima (float32 x, weights and bias, contiguous) recomputed at their argmin channel in
+// float64 and rounded once, in place.
+extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w, const float* b,
+                                                 const unsigned char* argmin, float* pre_min, int64_t N, int H, int W,
+                                                 int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):
 // dX, and dW / db through per-CTA partials (`blocks` of them, each grad_weight_partial_floats() long) added in order.
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
@@ -798,6 +803,9 @@ struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
   static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
+  // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
+  template <class E>
+  __device__ static E param(E v) { return v; }
   template <int kThreads, class E>
   __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
   __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
@@ -900,13 +908,15 @@ struct Native16 : UnscaledOperands {
   }
 };
 
-// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
-// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
-// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
+// bf16 and fp16 from a float32 x, weights and bias (autocast's call, without its cast kernels): the producer rounds x
+// to the element type to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a
+// NaN stays a NaN), the CTA rounds the weights and the bias the same way as it stages them (param), and everything
+// after is Native16's, so the output is the 16-bit kernel's on x.to(dtype) and the cast weights, bit for bit.
 template <class Elem_>
 struct Native16FromF32 : Native16<Elem_> {
   using XElem = float;
   static constexpr bool kFastNeedsNoNaN = false;
+  __device__ static Elem_ param(float v) { return convert<Elem_>(v); }  // __float2bfloat16_rn, __float2half_rn
   // Two input words into one word of two 16-bit values (lo in the low half).
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
@@ -949,6 +959,7 @@ struct Tf32OnF16 {
   static constexpr bool kRecomputesListed = false;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
+  __device__ static float param(float v) { return v; }
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
   // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
@@ -1099,6 +1110,44 @@ namespace kb25 {
 __device__ __forceinline__ float min_grad(float g, float m) {
   const float t1 = tanhf(m), t2 = tanhf(t1);
   return g * (1.f - t2 * t2) * (1.f - t1 * t1);
+}
+
+// Strict fp32's saved pre-tanh min, recomputed at the pixel's argmin channel in float64 and rounded once (0.5 ulp).
+// The 3xTF32 tensor cores' sums drop small * small and accumulate in the tensor cores' fp32 (which does not round to
+// nearest): the kernel's minima are about 2.4 times as far from float64 as cuDNN's fp32 conv's (relative L2, H200),
+// and gm, so every gradient, would carry that. A min that is not finite, or whose recomputation is not (0 * inf),
+// stays the kernel's. One thread a pixel; the weights in shared memory.
+__global__ void __launch_bounds__(256) conv3x3_min_refine_kernel(const float* __restrict__ x,
+                                                                 const float* __restrict__ w,
+                                                                 const float* __restrict__ b,
+                                                                 const unsigned char* __restrict__ argmin,
+                                                                 float* __restrict__ pre_min, int64_t N, int H, int W) {
+  constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
+  constexpr int kRow = kCin * kKsize * kKsize;  // a channel's weights, in the weight's order (c, i, j)
+  __shared__ float ws[kCout * kRow];
+  __shared__ float bs[kCout];
+  for (int i = threadIdx.x; i < kCout * kRow; i += blockDim.x) ws[i] = w[i];
+  if (threadIdx.x < kCout) bs[threadIdx.x] = b[threadIdx.x];
+  __syncthreads();
+  const int OH = H - (kKsize - 1), OW = W - (kKsize - 1);
+  const int64_t total = N * OH * OW;
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < total; p += gridDim.x * (int64_t)blockDim.x) {
+    if (!isfinite(pre_min[p])) continue;
+    const int ox = (int)(p % OW), oy = (int)(p / OW % OH);
+    const int64_t n = p / ((int64_t)OW * OH);
+    const float* const xp = x + (n * kCin * H + oy) * (int64_t)W + ox;
+    const float* const wk = ws + argmin[p] * kRow;
+    double acc = bs[argmin[p]];
+#pragma unroll 4
+    for (int c = 0; c < kCin; ++c) {
+#pragma unroll
+      for (int t = 0; t < kKsize * kKsize; ++t) {
+        acc = fma((double)wk[c * kKsize * kKsize + t], (double)xp[((int64_t)c * H + t / kKsize) * W + t % kKsize], acc);
+      }
+    }
+    const float m = (float)acc;
+    if (isfinite(m)) pre_min[p] = m;
+  }
 }
 
 struct GradGeometry {
@@ -1866,8 +1915,10 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;        // the weights, the bias, the output
+  using Elem = typename Precision::Elem;        // the output; the weights and the bias as the MMAs take them
   using XElem = typename Precision::XElem;      // x: Elem, or float32 that the producer rounds to MmaElem
+  // The weights and the bias as the kernel reads them: x's type (Precision::param() makes them Elem)
+  using ParamElem = XElem;
   using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;
@@ -1915,6 +1966,7 @@ struct MmaSyncMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
@@ -1944,7 +1996,7 @@ struct MmaSyncMainloop {
   const float* bsm;
   const int ctid;
 
-  __device__ MmaSyncMainloop(const unsigned char* smem, const Elem* __restrict__, int ctid_)
+  __device__ MmaSyncMainloop(const unsigned char* smem, const ParamElem* __restrict__, int ctid_)
       : wsm(reinterpret_cast<const uint32_t*>(smem)),
         bsm(reinterpret_cast<const float*>(smem) + kWeightCopies * kWeightWords), ctid(ctid_) {}
   // Word ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), register e & 1 of the
@@ -1956,7 +2008,8 @@ struct MmaSyncMainloop {
   // Tf32OnF16 first finds the scale of the weights and the bias (the bias is staged times it), and raises its scratch flag where a weight
   // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+  __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
+                                      const ParamElem* __restrict__ b) {
     MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
@@ -1970,13 +2023,13 @@ struct MmaSyncMainloop {
       const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
       const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
                      Geometry::kMmaK / 2 * (e & 1) + h;
-      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+      const Elem v = Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
       inexact |= Precision::inexact(v, scale);
       Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
     for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
-      bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);
+      bdst[i] = Precision::scale(convert<float>(Precision::param(b[i / 4 * 2 + (i & 1)])), scale);
     if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
     if (inexact) atomicOr(flags + 1, 1u);
   }
@@ -2260,6 +2313,7 @@ struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(Multiply::kCopies == Geometry::kCopies, "wgmma reads every part of an operand from shared memory");
@@ -2311,13 +2365,13 @@ struct WgmmaMainloop {
 
   // D fragment rows: warp w of the warpgroup holds output channels 16w + g and 16w + g + 8. ctid: the thread within
   // its warpgroup.
-  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
+  __device__ WgmmaMainloop(const unsigned char* smem, const ParamElem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem + kOnesBytes, kAKBytes, 128)) {
     if constexpr (!kBiasByMma) {
       const int warp = ctid >> 5, g = (ctid & 31) >> 2;
       const float scale = Precision::scale_of(scratch(smem));
-      bias_lo = Precision::scale(convert<float>(b[warp * 16 + g]), scale);
-      bias_hi = Precision::scale(convert<float>(b[warp * 16 + g + 8]), scale);
+      bias_lo = Precision::scale(convert<float>(Precision::param(b[warp * 16 + g])), scale);
+      bias_hi = Precision::scale(convert<float>(Precision::param(b[warp * 16 + g + 8])), scale);
     }
   }
   __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
@@ -2328,7 +2382,8 @@ struct WgmmaMainloop {
   // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
   // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+  __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
+                                      const ParamElem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
     MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
@@ -2339,7 +2394,7 @@ struct WgmmaMainloop {
         [&](int i) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
           const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + i % Geometry::kMmaK;
-          return w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+          return Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
         },
         [&](int i, Elem v) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
@@ -2353,7 +2408,7 @@ struct WgmmaMainloop {
     if (inexact) atomicOr(flags + 1, 1u);
     if constexpr (kBiasByMma) {
       stage_batched<kThreads, Geometry::kCout * Geometry::kMmaK>(
-          [&](int i) { return b[i / Geometry::kMmaK]; },
+          [&](int i) { return Precision::param(b[i / Geometry::kMmaK]); },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /
@@ -3485,7 +3540,7 @@ struct SelfFeed {
 // "3xTF32").
 template <class Traits, bool kSave, class Feed>
 __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
-                                              const typename Traits::Elem* __restrict__ b,
+                                              const typename Traits::ParamElem* __restrict__ b,
                                               typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
                                               float* __restrict__ pre_min, int OH, int OW, int col_blocks,
                                               unsigned char* consumer_smem, unsigned char* shared,
@@ -3533,8 +3588,9 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
-                             const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
+    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x,
+                             const typename Traits::ParamElem* __restrict__ w,
+                             const typename Traits::ParamElem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps, int* __restrict__ guard) {
   if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {
@@ -3828,6 +3884,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
                                         cudaStream_t stream) {
   using Elem = typename Traits::Elem;
   using XElem = typename Traits::XElem;
+  using ParamElem = typename Traits::ParamElem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
@@ -3836,7 +3893,8 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      static_cast<const XElem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      static_cast<const XElem*>(x), static_cast<const ParamElem*>(w), static_cast<const ParamElem*>(b),
+      static_cast<Elem*>(out),
       static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
@@ -3949,6 +4007,17 @@ static cudaError_t by_elem(int elem, Args... args) {
     case kb25::kElemBfloat16: return Launch<__nv_bfloat16>::run(args...);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w, const float* b,
+                                                 const unsigned char* argmin, float* pre_min, int64_t N, int H, int W,
+                                                 int num_sms, cudaStream_t stream) {
+  const int64_t pixels = N * (H - (KB25_FUSED_KSIZE - 1)) * (int64_t)(W - (KB25_FUSED_KSIZE - 1));
+  if (pixels <= 0) return cudaSuccess;
+  const int64_t blocks = (pixels + 255) / 256, cap = 8 * (int64_t)num_sms;
+  kb25::conv3x3_min_refine_kernel<<<(int)(blocks < cap ? blocks : cap), 256, 0, stream>>>(x, w, b, argmin, pre_min, N,
+                                                                                          H, W);
+  return cudaGetLastError();
 }
 
 template <class Elem>
@@ -4122,6 +4191,11 @@ extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x,
                                                       int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
+// Strict fp32's saved pre-tanh minima (float32 x, weights and bias, contiguous) recomputed at their argmin channel in
+// float64 and rounded once, in place.
+extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w, const float* b,
+                                                 const unsigned char* argmin, float* pre_min, int64_t N, int H, int W,
+                                                 int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):
 // dX, and dW / db through per-CTA partials (`blocks` of them, each grad_weight_partial_floats() long) added in order.
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
@@ -4241,17 +4315,17 @@ int precision_of(at::ScalarType dtype) {
   }
 }
 
-// A cast-input call (conv_min_tanh2_cast_input): a float32 x that the kernel rounds to the 16-bit weights' dtype.
+// A float32 x that a kernel rounds to the 16-bit weights' dtype (run_fused_kernel, fused_kernel()).
 bool casts_input(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType w = weight.scalar_type();
   return x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
 }
 
-// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
-// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call,
-// where the weights' does.
-std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
-  const int precision = precision_of(casts_input(x, weight) ? weight.scalar_type() : x.scalar_type());
+// The fused kernel that computes a call in `dtype` as the reference would on this GPU (or the emulated one), or -1;
+// and for a guarded kernel its guard on the same GPU (else -1). x's dtype is the one the kernel reads.
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, at::ScalarType dtype,
+                                      bool mma_sync_only) {
+  const int precision = precision_of(dtype);
   if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
   const kb25::DeviceProfile device = device_profile(x.get_device());
   const int kernel = choose_fused_kernel(precision, elem_code(x.scalar_type()), device, mma_sync_only);
@@ -4260,6 +4334,20 @@ std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(guard >= 0, "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
                               profile_str(device));
   return {kernel, guard};
+}
+
+// x's dtype sets the precision, except where a float32 x comes with 16-bit weights: theirs does.
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  return fused_kernels_for(x, weight, casts_input(x, weight) ? weight.scalar_type() : x.scalar_type(), mma_sync_only);
+}
+
+// The output's dtype of a fused kernel: its precision's (a kernel that rounds a float32 x writes bf16 or fp16).
+at::ScalarType output_dtype(int kernel) {
+  switch (kb25::kFusedKernelPrecision[kernel]) {
+    case kb25::kPrecisionBf16: return at::kBFloat16;
+    case kb25::kPrecisionFp16: return at::kHalf;
+    default: return at::kFloat;
+  }
 }
 
 }  // namespace
@@ -4366,7 +4454,7 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
   return choose(x, weight, backend).kernel;
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the weights' element type (x's, but in a cast-input call). With `save`, the kernel also writes
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in its precision's dtype (x's, but where it rounds x). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
 // two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
 // operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
@@ -4374,11 +4462,15 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 // tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int kernel, int guard_kernel, bool save) {
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  // The kernel reads the weights and the bias in x's dtype (a 16-bit kernel that rounds float32 x rounds them too).
+  const auto as_x = [&](const at::Tensor& t) {
+    return (t.scalar_type() == x.scalar_type() ? t : t.to(x.scalar_type())).contiguous();
+  };
+  const at::Tensor xc = x.contiguous(), wc = as_x(weight), bc = as_x(bias);
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
-  at::Tensor out = at::empty(sizes, xc.options().dtype(wc.scalar_type()));  // x's, or a cast-input call's 16-bit
+  at::Tensor out = at::empty(sizes, xc.options().dtype(output_dtype(kernel)));
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
@@ -4393,6 +4485,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   };
   launch(kernel);
   if (guarded && guard_kernel >= 0) launch(guard_kernel);
+  if (save && kb25::kFusedKernelPrecision[kernel] == kb25::kPrecisionStrictFp32) {  // the backward's minima, to 0.5 ulp
+    const cudaError_t err = launch_conv3x3_min_refine(xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(),
+                                                      argmin.data_ptr<uint8_t>(), pre_min.data_ptr<float>(), N, (int)H,
+                                                      (int)W, current_sm_count(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the strict minima's kernel did not launch: " +
+                                        std::string(cudaGetErrorString(err)));
+  }
   return {out, argmin, pre_min, guard};
 }
 
@@ -4470,25 +4569,31 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
 }
 
-// x.to(weight.dtype), then the op's CUDA kernel, for a float32 x and bfloat16 or float16 weights (autocast's call,
-// python/ops.py): the fused kernel of that dtype with a float32 input rounds x itself as it reads it (round to nearest
-// even, as .to() does), so no cast kernel runs; where that kernel does not run (another backend, shape or GPU), x is
-// cast and the call goes the op's way. The output is the op's on x.to(weight.dtype), bit for bit.
+// x, weight and bias .to(dtype), then the op's CUDA kernel, for a float32 x and float32 (or already `dtype`) weights,
+// dtype bfloat16 or float16 (autocast's call, python/ops.py): the fused kernel of that dtype with a float32 input
+// rounds x, the weights and the bias itself as it reads them (round to nearest even, as .to() does), so no cast kernel
+// runs; where that kernel does not run (another backend, shape or GPU), they are cast and the call goes the op's way.
+// The output is the op's on the cast tensors, bit for bit.
 at::Tensor conv_min_tanh2_cast_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                     int64_t backend) {
-  check_input(x, weight, bias, /*cast_input=*/true);
+                                     at::ScalarType dtype, int64_t backend) {
+  TORCH_CHECK_VALUE((dtype == at::kBFloat16 || dtype == at::kHalf) &&
+                        (weight.scalar_type() == at::kFloat || weight.scalar_type() == dtype),
+                    "ModelNew's cast-input call expects dtype torch.bfloat16 or torch.float16 and weights of "
+                    "torch.float32 or that dtype, got " + dtype_name(dtype) + " and " +
+                        dtype_name(weight.scalar_type()));
+  check_input(x, weight, bias, /*cast_input=*/weight.scalar_type() == dtype);
   TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
   TORCH_CHECK_VALUE(backend >= 0 && backend < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(backend));
   const c10::cuda::CUDAGuard guard(x.device());
   if (backend != kb25::kBackendCudnnEpilogue) {
-    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, backend == kb25::kBackendFusedMmaSync);
+    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, dtype, backend == kb25::kBackendFusedMmaSync);
     if (kernel >= 0) {
       const Choice choice{backend == kb25::kBackendAuto ? kb25::kBackendFused : backend, kernel, guard_kernel};
       return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
     }
   }
-  return conv_min_tanh2(x.to(weight.scalar_type()), weight, bias, backend);
+  return conv_min_tanh2(x.to(dtype), weight.to(dtype), bias.to(dtype), backend);
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
@@ -4552,15 +4657,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
   const int num_sms = current_sm_count();
   const cudaStream_t stream = current_stream();
   const auto none = [&] { return at::empty({0}, xc.options()); };
-  at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
   at::Tensor dw = need_weight ? at::empty(wc.sizes(), wc.options()) : none();
   at::Tensor db = need_bias ? at::empty({wc.size(0)}, wc.options()) : none();
-  if (need_input) {
-    const cudaError_t err = launch_conv3x3_min_tanh2_grad_input(elem, gc.data_ptr(), mc.data_ptr<float>(),
-                                                                ac.data_ptr<uint8_t>(), wc.data_ptr(), dx.data_ptr(), N,
-                                                                (int)H, (int)W, num_sms, stream);
-    TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
-  }
   if (need_weight || need_bias) {
     // The weight gradient in the reference's precision: TF32 products (TF32-rounded operands on the tensor cores)
     // where its conv runs in TF32, and for 16-bit inputs; every product in fp32 for strict fp32 and before sm_80.
@@ -4582,6 +4680,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
           blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
+  }
+  // dX after dW: the weight gradient's partials are freed before dX (the size of x) is allocated, so the peak
+  // holds one of them, not both.
+  at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
+  if (need_input) {
+    const cudaError_t err = launch_conv3x3_min_tanh2_grad_input(elem, gc.data_ptr(), mc.data_ptr<float>(),
+                                                                ac.data_ptr<uint8_t>(), wc.data_ptr(), dx.data_ptr(), N,
+                                                                (int)H, (int)W, num_sms, stream);
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
   }
   return {dx, dw, db};
 }
@@ -4909,13 +5016,15 @@ def _autocast_cast(t, dtype, device_type):
     return t.to(dtype) if eligible else t
 
 
-def _casts_in_kernel(x, weight, bias):
-    """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
-    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode with
+def _casts_in_kernel(x, weight, bias, dtype):
+    """Whether an autocast call to `dtype` may leave the casts of x, the weight and the bias to the kernel
+    (conv_min_tanh2_cast_input): a float32 CUDA x of its own (not one that torch.compile or another tensor subclass
+    traces), weights that autocast casts (float32, bfloat16 or float16), dtype bfloat16 or float16, in eager mode with
     nothing watching the dispatcher below autocast (no torch.jit.trace, no TorchDispatchMode such as make_fx's: the
     call skips the op, so they would not see it), and nothing for autograd to record (nor its autograd formula)."""
     return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
-            and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and dtype in (torch.bfloat16, torch.float16) and weight.dtype == bias.dtype
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
             and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
 
@@ -4923,8 +5032,9 @@ def _casts_in_kernel(x, weight, bias):
 def _register_autocast(lib, name, device_type):
     """Under torch.autocast(device_type), cast x, weight and bias as autocast casts conv2d's (to the autocast dtype),
     then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel. In
-    eager CUDA inference (_casts_in_kernel) x is not cast: the fused kernel rounds it as .to() would, as it reads it
-    (conv_min_tanh2_cast_input), which saves the cast kernel's read and write of x; the output is the same bits."""
+    eager CUDA inference (_casts_in_kernel) nothing is cast: the fused kernel rounds x, the weights and the bias as
+    .to() would, as it reads them (conv_min_tanh2_cast_input), which saves the cast kernels (x's read and write, and
+    two small launches); the output is the same bits."""
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
     keys = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
             | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))
@@ -4932,9 +5042,9 @@ def _register_autocast(lib, name, device_type):
     def kernel(_keyset, x, weight, bias, backend):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(keys):
+            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias, dtype):
+                return _ext.conv_min_tanh2_cast_input(x, weight, bias, dtype, backend)
             weight, bias = (_autocast_cast(t, dtype, device_type) for t in (weight, bias))
-            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias):
-                return _ext.conv_min_tanh2_cast_input(x, weight, bias, backend)
             return op(_autocast_cast(x, dtype, device_type), weight, bias, backend)
 
     lib.impl(name, kernel, "Autocast" + device_type.upper(), with_keyset=True)
@@ -5090,9 +5200,9 @@ class ModelNew(nn.Module):
         weight = self.conv.weight
         if torch.is_autocast_enabled("cuda"):
             dtype = torch.get_autocast_dtype("cuda")
-            weight = _autocast_cast(weight, dtype, "cuda")
-            if not _casts_in_kernel(x, weight, self.conv.bias):
+            if not _casts_in_kernel(x, weight, self.conv.bias, dtype):
                 x = _autocast_cast(x, dtype, "cuda")
+            weight = _autocast_cast(weight, dtype, "cuda")
         code = _ext.fused_kernel(x, weight, self._op_backend)
         return FUSED_KERNELS[code] if code >= 0 else None
 

@@ -1963,6 +1963,33 @@ def test_training_gradients_no_further_from_float64_than_the_reference(precision
 
 
 @needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_strict_saving_forward_minima_are_fp32_roundings(profile, tf32_default):
+    """Strict fp32: the saving forward's pre-tanh minima, from which the backward's gm comes, are the float64 conv at
+    their argmin channel rounded once (within 0.5 ulp where finite), so no further from float64 than cuDNN's fp32
+    conv (relative L2); the input gradient is then no further from float64 than the reference's. The 3xTF32 tensor
+    cores' own minima are about 2.4 times as far as cuDNN's (and the input gradient twice as far)."""
+    new, x, g, _ = _train_setup(profile, "strict_fp32", (4, 16, 130, 261), seed=66)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        _, dx, _, _ = _grads(new, x, g)
+    conv64 = torch.nn.functional.conv2d(x.double(), w.double(), b.double())
+    at_argmin = conv64.gather(1, argmin.long()).float()
+    ulp = torch.nextafter(at_argmin.abs(), torch.full_like(at_argmin, float("inf"))) - at_argmin.abs()
+    assert ((pre_min - at_argmin).abs() <= ulp).all()  # float64 rounded once (1 ulp: the float64 sums' order)
+    ref = reference.Model(16, 64, 3).cuda()
+    ref.load_state_dict(new.state_dict())
+    ref_min = torch.nn.functional.conv2d(x, w, b).min(1, keepdim=True)[0]
+    truth_min = conv64.min(1, keepdim=True)[0]
+    assert harness.relative_error(pre_min, truth_min) <= harness.relative_error(ref_min, truth_min)
+    _, ref_dx, _, _ = _grads(ref, x, g)
+    truth_dx = harness.float64_grads(x, w, b, g)[0]
+    err, ref_err = harness.relative_error(dx, truth_dx), harness.relative_error(ref_dx, truth_dx)
+    assert err <= ref_err, f"dx {err} vs the reference's {ref_err}"
+
+
+@needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100", "T4"])
 def test_training_ties_go_to_the_first_channel(profile, tf32_default):
     """Zero weights and equal biases: every channel ties at every pixel. torch.min picks the first channel, so every
@@ -2483,9 +2510,9 @@ def test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input(name, kind,
 @pytest.mark.parametrize("profile", ["H100", "A100", "A10G"])
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 def test_autocast_rounds_x_in_the_kernel(dtype, profile, tf32_default):
-    """Under torch.autocast("cuda", dtype), in eager inference, ModelNew runs the kernel that rounds x itself: no cast
-    kernel for x (two small ones for the weight and the bias, as autocast casts them), the output equal bit for bit
-    to the cast-then-kernel call; fused_kernel() names that kernel."""
+    """Under torch.autocast("cuda", dtype), in eager inference, ModelNew runs the kernel that rounds x, the weights
+    and the bias itself: one kernel, no cast kernel, the output equal bit for bit to the cast-then-kernel call;
+    fused_kernel() names that kernel."""
     if profile == "H100" and not model_new.fused_kernel_launches("sm90_bf16"):
         pytest.skip("this GPU has no wgmma")
     _, new = _cuda_models(72)
@@ -2502,4 +2529,47 @@ def test_autocast_rounds_x_in_the_kernel(dtype, profile, tf32_default):
     assert _bit_equal(got, want)
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     fused = [k for k in kernels if "conv3x3_min_tanh2_kernel" in k]
-    assert len(fused) == 1 and len(kernels) == 3, kernels
+    assert len(fused) == 1 and len(kernels) == 1, kernels
+
+
+def _cast_weights(kind, weight, bias, dtype):
+    """float32 weights and bias for the autocast kernels' own rounding: ties (each halfway between two values of
+    dtype, scaled to the weights' range), wide (magnitudes 2^-30 .. 2^17: subnormals, flushes, fp16 overflows), and
+    one NaN weight."""
+    gen = torch.Generator(device="cuda").manual_seed(81)
+    if kind == "ties":
+        bits = 7 if dtype == torch.bfloat16 else 10
+        return _ties(weight.shape, gen, bits) * 2.0 ** -4, _ties(bias.shape, gen, bits) * 2.0 ** -3
+    if kind == "wide":
+        return _log_uniform(weight.shape, gen, -30, 17), _log_uniform(bias.shape, gen, -30, 17)
+    if kind == "nan":
+        weight = weight.clone()
+        weight[5, 3, 1, 2] = float("nan")
+        return weight, bias
+    raise ValueError(kind)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["ties", "wide", "nan"])
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_autocast_kernel_rounds_the_weights_as_the_cast(dtype, profile, kind, tf32_default):
+    """The autocast kernel reads the float32 weights and bias and rounds them as autocast's .to(dtype) does (to
+    nearest even; fp16 overflows to inf, a NaN stays one): its output equals, bit for bit, the 16-bit kernel's on the
+    cast weights and x, on weights where truncation, ties away and ties to even differ."""
+    if profile == "H100" and not model_new.fused_kernel_launches("sm90_bf16"):
+        pytest.skip("this GPU has no wgmma")
+    _, new = _cuda_models(74)
+    weight, bias = _cast_weights(kind, new.conv.weight.detach(), new.conv.bias.detach(), dtype)
+    with torch.no_grad():
+        new.conv.weight.copy_(weight)
+        new.conv.bias.copy_(bias)
+    x = make_input((2, 16, 21, 77), seed=75, device="cuda")
+    with harness.emulated(profile), torch.no_grad():
+        with torch.autocast("cuda", dtype=dtype):
+            kernel = new.fused_kernel(x)
+            got = new(x)
+        want = model_new._ext.conv_min_tanh2(x.to(dtype), weight.to(dtype), bias.to(dtype), 0)
+    assert kernel in CAST_INPUT, kernel
+    assert kind != "nan" or bool(got.isnan().any()), kind
+    assert _bit_equal(got, want), f"{kernel} {kind}: {harness.max_abs_error(got.float(), want.float())}"

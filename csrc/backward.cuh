@@ -17,6 +17,44 @@ __device__ __forceinline__ float min_grad(float g, float m) {
   return g * (1.f - t2 * t2) * (1.f - t1 * t1);
 }
 
+// Strict fp32's saved pre-tanh min, recomputed at the pixel's argmin channel in float64 and rounded once (0.5 ulp).
+// The 3xTF32 tensor cores' sums drop small * small and accumulate in the tensor cores' fp32 (which does not round to
+// nearest): the kernel's minima are about 2.4 times as far from float64 as cuDNN's fp32 conv's (relative L2, H200),
+// and gm, so every gradient, would carry that. A min that is not finite, or whose recomputation is not (0 * inf),
+// stays the kernel's. One thread a pixel; the weights in shared memory.
+__global__ void __launch_bounds__(256) conv3x3_min_refine_kernel(const float* __restrict__ x,
+                                                                 const float* __restrict__ w,
+                                                                 const float* __restrict__ b,
+                                                                 const unsigned char* __restrict__ argmin,
+                                                                 float* __restrict__ pre_min, int64_t N, int H, int W) {
+  constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
+  constexpr int kRow = kCin * kKsize * kKsize;  // a channel's weights, in the weight's order (c, i, j)
+  __shared__ float ws[kCout * kRow];
+  __shared__ float bs[kCout];
+  for (int i = threadIdx.x; i < kCout * kRow; i += blockDim.x) ws[i] = w[i];
+  if (threadIdx.x < kCout) bs[threadIdx.x] = b[threadIdx.x];
+  __syncthreads();
+  const int OH = H - (kKsize - 1), OW = W - (kKsize - 1);
+  const int64_t total = N * OH * OW;
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < total; p += gridDim.x * (int64_t)blockDim.x) {
+    if (!isfinite(pre_min[p])) continue;
+    const int ox = (int)(p % OW), oy = (int)(p / OW % OH);
+    const int64_t n = p / ((int64_t)OW * OH);
+    const float* const xp = x + (n * kCin * H + oy) * (int64_t)W + ox;
+    const float* const wk = ws + argmin[p] * kRow;
+    double acc = bs[argmin[p]];
+#pragma unroll 4
+    for (int c = 0; c < kCin; ++c) {
+#pragma unroll
+      for (int t = 0; t < kKsize * kKsize; ++t) {
+        acc = fma((double)wk[c * kKsize * kKsize + t], (double)xp[((int64_t)c * H + t / kKsize) * W + t % kKsize], acc);
+      }
+    }
+    const float m = (float)acc;
+    if (isfinite(m)) pre_min[p] = m;
+  }
+}
+
 struct GradGeometry {
   static constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
   static constexpr int kTaps = kKsize * kKsize;

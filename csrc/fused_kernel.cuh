@@ -166,7 +166,7 @@ struct SelfFeed {
 // "3xTF32").
 template <class Traits, bool kSave, class Feed>
 __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64_t begin, int64_t end,
-                                              const typename Traits::Elem* __restrict__ b,
+                                              const typename Traits::ParamElem* __restrict__ b,
                                               typename Traits::Elem* __restrict__ out, unsigned char* __restrict__ argmin,
                                               float* __restrict__ pre_min, int OH, int OW, int col_blocks,
                                               unsigned char* consumer_smem, unsigned char* shared,
@@ -214,8 +214,9 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 // producer warps each consumer loads its own rows (SelfFeed, consume_steps()).
 template <class Traits, bool kSave>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x, const typename Traits::Elem* __restrict__ w,
-                             const typename Traits::Elem* __restrict__ b, typename Traits::Elem* __restrict__ out,
+    conv3x3_min_tanh2_kernel(const typename Traits::XElem* __restrict__ x,
+                             const typename Traits::ParamElem* __restrict__ w,
+                             const typename Traits::ParamElem* __restrict__ b, typename Traits::Elem* __restrict__ out,
                              unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int H, int W,
                              int64_t total_steps, int* __restrict__ guard) {
   if constexpr (kHasFused && (!Traits::kUsesWgmma || kHasWgmma) && Traits::kSmemBytes <= kArchSmemPerBlock) {

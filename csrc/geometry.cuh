@@ -23,8 +23,10 @@ struct RowOut {
 template <class Precision_, int kTileCols_, bool kMmaReadsSlots_>
 struct ConvGeometry {
   using Precision = Precision_;
-  using Elem = typename Precision::Elem;        // the weights, the bias, the output
+  using Elem = typename Precision::Elem;        // the output; the weights and the bias as the MMAs take them
   using XElem = typename Precision::XElem;      // x: Elem, or float32 that the producer rounds to MmaElem
+  // The weights and the bias as the kernel reads them: x's type (Precision::param() makes them Elem)
+  using ParamElem = XElem;
   using MmaElem = typename Precision::MmaElem;  // the slots and the tensor cores (fp16 for Tf32OnF16's fp32 x)
   static constexpr int kCin = KB25_FUSED_CIN;
   static constexpr int kCout = KB25_FUSED_COUT;

@@ -74,6 +74,7 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
                                         cudaStream_t stream) {
   using Elem = typename Traits::Elem;
   using XElem = typename Traits::XElem;
+  using ParamElem = typename Traits::ParamElem;
   const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
   const int64_t steps = N * Traits::col_blocks(OW) * OH;
   if (steps <= 0) return cudaSuccess;
@@ -82,7 +83,8 @@ static cudaError_t launch_fused_variant(const void* x, const void* w, const void
   if (err != cudaSuccess) return err;
   const int grid = (int)(steps < num_sms ? steps : num_sms);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      static_cast<const XElem*>(x), static_cast<const Elem*>(w), static_cast<const Elem*>(b), static_cast<Elem*>(out),
+      static_cast<const XElem*>(x), static_cast<const ParamElem*>(w), static_cast<const ParamElem*>(b),
+      static_cast<Elem*>(out),
       static_cast<unsigned char*>(argmin), pre_min, H, W, steps, guard);
   return cudaGetLastError();
 }
@@ -195,6 +197,17 @@ static cudaError_t by_elem(int elem, Args... args) {
     case kb25::kElemBfloat16: return Launch<__nv_bfloat16>::run(args...);
     default: return cudaErrorInvalidValue;
   }
+}
+
+extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w, const float* b,
+                                                 const unsigned char* argmin, float* pre_min, int64_t N, int H, int W,
+                                                 int num_sms, cudaStream_t stream) {
+  const int64_t pixels = N * (H - (KB25_FUSED_KSIZE - 1)) * (int64_t)(W - (KB25_FUSED_KSIZE - 1));
+  if (pixels <= 0) return cudaSuccess;
+  const int64_t blocks = (pixels + 255) / 256, cap = 8 * (int64_t)num_sms;
+  kb25::conv3x3_min_refine_kernel<<<(int)(blocks < cap ? blocks : cap), 256, 0, stream>>>(x, w, b, argmin, pre_min, N,
+                                                                                          H, W);
+  return cudaGetLastError();
 }
 
 template <class Elem>

@@ -19,6 +19,7 @@ struct MmaSyncMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
@@ -48,7 +49,7 @@ struct MmaSyncMainloop {
   const float* bsm;
   const int ctid;
 
-  __device__ MmaSyncMainloop(const unsigned char* smem, const Elem* __restrict__, int ctid_)
+  __device__ MmaSyncMainloop(const unsigned char* smem, const ParamElem* __restrict__, int ctid_)
       : wsm(reinterpret_cast<const uint32_t*>(smem)),
         bsm(reinterpret_cast<const float*>(smem) + kWeightCopies * kWeightWords), ctid(ctid_) {}
   // Word ((ks * kNTiles/2 + q) * 32 + lane) * 4 + e holds, for lane (g = lane/4, t = lane%4), register e & 1 of the
@@ -60,7 +61,8 @@ struct MmaSyncMainloop {
   // Tf32OnF16 first finds the scale of the weights and the bias (the bias is staged times it), and raises its scratch flag where a weight
   // or the bias does not carry exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+  __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
+                                      const ParamElem* __restrict__ b) {
     MmaElem* const wdst = reinterpret_cast<MmaElem*>(smem);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
     const float scale = Precision::template find_scale<kThreads>(
@@ -74,13 +76,13 @@ struct MmaSyncMainloop {
       const int co = (2 * q + (e >> 1)) * 8 + (lane >> 2);
       const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + kPerWord * (lane & 3) +
                      Geometry::kMmaK / 2 * (e & 1) + h;
-      const Elem v = w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+      const Elem v = Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
       inexact |= Precision::inexact(v, scale);
       Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
     for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
-      bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);
+      bdst[i] = Precision::scale(convert<float>(Precision::param(b[i / 4 * 2 + (i & 1)])), scale);
     if (threadIdx.x < Geometry::kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
     if (inexact) atomicOr(flags + 1, 1u);
   }

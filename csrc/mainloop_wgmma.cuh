@@ -52,6 +52,7 @@ struct WgmmaMainloop {
   using Geometry = Geometry_;
   using Precision = typename Geometry::Precision;
   using Elem = typename Geometry::Elem;
+  using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
   static_assert(Multiply::kCopies == Geometry::kCopies, "wgmma reads every part of an operand from shared memory");
@@ -103,13 +104,13 @@ struct WgmmaMainloop {
 
   // D fragment rows: warp w of the warpgroup holds output channels 16w + g and 16w + g + 8. ctid: the thread within
   // its warpgroup.
-  __device__ WgmmaMainloop(const unsigned char* smem, const Elem* __restrict__ b, int ctid)
+  __device__ WgmmaMainloop(const unsigned char* smem, const ParamElem* __restrict__ b, int ctid)
       : weights(wgmma_desc(smem + kOnesBytes, kAKBytes, 128)) {
     if constexpr (!kBiasByMma) {
       const int warp = ctid >> 5, g = (ctid & 31) >> 2;
       const float scale = Precision::scale_of(scratch(smem));
-      bias_lo = Precision::scale(convert<float>(b[warp * 16 + g]), scale);
-      bias_hi = Precision::scale(convert<float>(b[warp * 16 + g + 8]), scale);
+      bias_lo = Precision::scale(convert<float>(Precision::param(b[warp * 16 + g])), scale);
+      bias_hi = Precision::scale(convert<float>(Precision::param(b[warp * 16 + g + 8])), scale);
     }
   }
   __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
@@ -120,7 +121,8 @@ struct WgmmaMainloop {
   // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
   // exactly (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
-  __device__ static void stage_shared(unsigned char* smem, const Elem* __restrict__ w, const Elem* __restrict__ b) {
+  __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
+                                      const ParamElem* __restrict__ b) {
     constexpr int kGC = Geometry::kGroupChannels;
     MmaElem* const a = reinterpret_cast<MmaElem*>(smem + kOnesBytes);
     uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
@@ -131,7 +133,7 @@ struct WgmmaMainloop {
         [&](int i) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
           const int ci = (ks % Geometry::kKStepsPerTap) * Geometry::kMmaK + i % Geometry::kMmaK;
-          return w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap];
+          return Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
         },
         [&](int i, Elem v) {
           const int ks = i / (Geometry::kCout * Geometry::kMmaK), co = (i / Geometry::kMmaK) % Geometry::kCout;
@@ -145,7 +147,7 @@ struct WgmmaMainloop {
     if (inexact) atomicOr(flags + 1, 1u);
     if constexpr (kBiasByMma) {
       stage_batched<kThreads, Geometry::kCout * Geometry::kMmaK>(
-          [&](int i) { return b[i / Geometry::kMmaK]; },
+          [&](int i) { return Precision::param(b[i / Geometry::kMmaK]); },
           [&](int i, Elem bias) {
             const int co = i / Geometry::kMmaK, kk = i % Geometry::kMmaK;
             a[(Geometry::kKSteps * kAStepBytes + (kk / kGC) * kAKBytes + (co / 8) * 128 + (co % 8) * 16) /

@@ -116,17 +116,17 @@ int precision_of(at::ScalarType dtype) {
   }
 }
 
-// A cast-input call (conv_min_tanh2_cast_input): a float32 x that the kernel rounds to the 16-bit weights' dtype.
+// A float32 x that a kernel rounds to the 16-bit weights' dtype (run_fused_kernel, fused_kernel()).
 bool casts_input(const at::Tensor& x, const at::Tensor& weight) {
   const at::ScalarType w = weight.scalar_type();
   return x.scalar_type() == at::kFloat && (w == at::kBFloat16 || w == at::kHalf);
 }
 
-// The fused kernel that computes this call as the reference would on this GPU (or the emulated one), or -1; and for
-// a guarded kernel its guard on the same GPU (else -1). x's dtype sets the precision, except in a cast-input call,
-// where the weights' does.
-std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
-  const int precision = precision_of(casts_input(x, weight) ? weight.scalar_type() : x.scalar_type());
+// The fused kernel that computes a call in `dtype` as the reference would on this GPU (or the emulated one), or -1;
+// and for a guarded kernel its guard on the same GPU (else -1). x's dtype is the one the kernel reads.
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, at::ScalarType dtype,
+                                      bool mma_sync_only) {
+  const int precision = precision_of(dtype);
   if (!fused_shape(x, weight) || precision < 0) return {-1, -1};
   const kb25::DeviceProfile device = device_profile(x.get_device());
   const int kernel = choose_fused_kernel(precision, elem_code(x.scalar_type()), device, mma_sync_only);
@@ -135,6 +135,20 @@ std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& wei
   TORCH_CHECK(guard >= 0, "ModelNew: no guard kernel for " + std::string(kb25::kFusedKernelNames[kernel]) + " on " +
                               profile_str(device));
   return {kernel, guard};
+}
+
+// x's dtype sets the precision, except where a float32 x comes with 16-bit weights: theirs does.
+std::pair<int, int> fused_kernels_for(const at::Tensor& x, const at::Tensor& weight, bool mma_sync_only) {
+  return fused_kernels_for(x, weight, casts_input(x, weight) ? weight.scalar_type() : x.scalar_type(), mma_sync_only);
+}
+
+// The output's dtype of a fused kernel: its precision's (a kernel that rounds a float32 x writes bf16 or fp16).
+at::ScalarType output_dtype(int kernel) {
+  switch (kb25::kFusedKernelPrecision[kernel]) {
+    case kb25::kPrecisionBf16: return at::kBFloat16;
+    case kb25::kPrecisionFp16: return at::kHalf;
+    default: return at::kFloat;
+  }
 }
 
 }  // namespace
@@ -241,7 +255,7 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
   return choose(x, weight, backend).kernel;
 }
 
-// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in the weights' element type (x's, but in a cast-input call). With `save`, the kernel also writes
+// (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in its precision's dtype (x's, but where it rounds x). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
 // two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
 // operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
@@ -249,11 +263,15 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 // tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(
     const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int kernel, int guard_kernel, bool save) {
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous(), bc = bias.contiguous();
+  // The kernel reads the weights and the bias in x's dtype (a 16-bit kernel that rounds float32 x rounds them too).
+  const auto as_x = [&](const at::Tensor& t) {
+    return (t.scalar_type() == x.scalar_type() ? t : t.to(x.scalar_type())).contiguous();
+  };
+  const at::Tensor xc = x.contiguous(), wc = as_x(weight), bc = as_x(bias);
   const int64_t N = xc.size(0), H = xc.size(2), W = xc.size(3);
   TORCH_CHECK_VALUE(H <= INT32_MAX && W <= INT32_MAX, "ModelNew expects H and W below 2^31, got " + shape_str(xc.sizes()));
   const std::vector<int64_t> sizes{N, 1, H - (KB25_FUSED_KSIZE - 1), W - (KB25_FUSED_KSIZE - 1)};
-  at::Tensor out = at::empty(sizes, xc.options().dtype(wc.scalar_type()));  // x's, or a cast-input call's 16-bit
+  at::Tensor out = at::empty(sizes, xc.options().dtype(output_dtype(kernel)));
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
@@ -268,6 +286,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   };
   launch(kernel);
   if (guarded && guard_kernel >= 0) launch(guard_kernel);
+  if (save && kb25::kFusedKernelPrecision[kernel] == kb25::kPrecisionStrictFp32) {  // the backward's minima, to 0.5 ulp
+    const cudaError_t err = launch_conv3x3_min_refine(xc.data_ptr<float>(), wc.data_ptr<float>(), bc.data_ptr<float>(),
+                                                      argmin.data_ptr<uint8_t>(), pre_min.data_ptr<float>(), N, (int)H,
+                                                      (int)W, current_sm_count(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the strict minima's kernel did not launch: " +
+                                        std::string(cudaGetErrorString(err)));
+  }
   return {out, argmin, pre_min, guard};
 }
 
@@ -345,25 +370,31 @@ at::Tensor conv_min_tanh2(const at::Tensor& x, const at::Tensor& weight, const a
   return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
 }
 
-// x.to(weight.dtype), then the op's CUDA kernel, for a float32 x and bfloat16 or float16 weights (autocast's call,
-// python/ops.py): the fused kernel of that dtype with a float32 input rounds x itself as it reads it (round to nearest
-// even, as .to() does), so no cast kernel runs; where that kernel does not run (another backend, shape or GPU), x is
-// cast and the call goes the op's way. The output is the op's on x.to(weight.dtype), bit for bit.
+// x, weight and bias .to(dtype), then the op's CUDA kernel, for a float32 x and float32 (or already `dtype`) weights,
+// dtype bfloat16 or float16 (autocast's call, python/ops.py): the fused kernel of that dtype with a float32 input
+// rounds x, the weights and the bias itself as it reads them (round to nearest even, as .to() does), so no cast kernel
+// runs; where that kernel does not run (another backend, shape or GPU), they are cast and the call goes the op's way.
+// The output is the op's on the cast tensors, bit for bit.
 at::Tensor conv_min_tanh2_cast_input(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                     int64_t backend) {
-  check_input(x, weight, bias, /*cast_input=*/true);
+                                     at::ScalarType dtype, int64_t backend) {
+  TORCH_CHECK_VALUE((dtype == at::kBFloat16 || dtype == at::kHalf) &&
+                        (weight.scalar_type() == at::kFloat || weight.scalar_type() == dtype),
+                    "ModelNew's cast-input call expects dtype torch.bfloat16 or torch.float16 and weights of "
+                    "torch.float32 or that dtype, got " + dtype_name(dtype) + " and " +
+                        dtype_name(weight.scalar_type()));
+  check_input(x, weight, bias, /*cast_input=*/weight.scalar_type() == dtype);
   TORCH_CHECK_VALUE(x.is_cuda(), "ModelNew's CUDA kernel needs CUDA tensors, got " + x.device().str());
   TORCH_CHECK_VALUE(backend >= 0 && backend < kb25::kBackendCount,
                     "ModelNew backend code must be 0.." + num(kb25::kBackendCount - 1) + ", got " + num(backend));
   const c10::cuda::CUDAGuard guard(x.device());
   if (backend != kb25::kBackendCudnnEpilogue) {
-    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, backend == kb25::kBackendFusedMmaSync);
+    const auto [kernel, guard_kernel] = fused_kernels_for(x, weight, dtype, backend == kb25::kBackendFusedMmaSync);
     if (kernel >= 0) {
       const Choice choice{backend == kb25::kBackendAuto ? kb25::kBackendFused : backend, kernel, guard_kernel};
       return std::get<0>(fused_conv3x3_min_tanh2(x, weight, bias, choice, false));
     }
   }
-  return conv_min_tanh2(x.to(weight.scalar_type()), weight, bias, backend);
+  return conv_min_tanh2(x.to(dtype), weight.to(dtype), bias.to(dtype), backend);
 }
 
 // Whether a call's backward runs from a saved argmin (the kernels of the fused shape, in float32, bfloat16, float16;
@@ -427,15 +458,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
   const int num_sms = current_sm_count();
   const cudaStream_t stream = current_stream();
   const auto none = [&] { return at::empty({0}, xc.options()); };
-  at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
   at::Tensor dw = need_weight ? at::empty(wc.sizes(), wc.options()) : none();
   at::Tensor db = need_bias ? at::empty({wc.size(0)}, wc.options()) : none();
-  if (need_input) {
-    const cudaError_t err = launch_conv3x3_min_tanh2_grad_input(elem, gc.data_ptr(), mc.data_ptr<float>(),
-                                                                ac.data_ptr<uint8_t>(), wc.data_ptr(), dx.data_ptr(), N,
-                                                                (int)H, (int)W, num_sms, stream);
-    TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
-  }
   if (need_weight || need_bias) {
     // The weight gradient in the reference's precision: TF32 products (TF32-rounded operands on the tensor cores)
     // where its conv runs in TF32, and for 16-bit inputs; every product in fp32 for strict fp32 and before sm_80.
@@ -457,6 +481,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
           blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
+  }
+  // dX after dW: the weight gradient's partials are freed before dX (the size of x) is allocated, so the peak
+  // holds one of them, not both.
+  at::Tensor dx = need_input ? at::empty(xc.sizes(), xc.options()) : none();
+  if (need_input) {
+    const cudaError_t err = launch_conv3x3_min_tanh2_grad_input(elem, gc.data_ptr(), mc.data_ptr<float>(),
+                                                                ac.data_ptr<uint8_t>(), wc.data_ptr(), dx.data_ptr(), N,
+                                                                (int)H, (int)W, num_sms, stream);
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
   }
   return {dx, dw, db};
 }

@@ -13,6 +13,9 @@ struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
   static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
+  // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
+  template <class E>
+  __device__ static E param(E v) { return v; }
   template <int kThreads, class E>
   __device__ static float find_scale(const E* __restrict__, int, const E* __restrict__, int, uint32_t*) { return 1.f; }
   __device__ static float scale_of(const uint32_t*, int = 1) { return 1.f; }
@@ -115,13 +118,15 @@ struct Native16 : UnscaledOperands {
   }
 };
 
-// bf16 and fp16 from a float32 x (autocast's call, without its cast kernel): the producer rounds x to the element type
-// to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a NaN stays a NaN),
-// and everything after is Native16's, so the output is the 16-bit kernel's on x.to(dtype), bit for bit.
+// bf16 and fp16 from a float32 x, weights and bias (autocast's call, without its cast kernels): the producer rounds x
+// to the element type to nearest, ties to even, as x.to(dtype) does (cvt.rn: an fp16 overflow becomes an infinity, a
+// NaN stays a NaN), the CTA rounds the weights and the bias the same way as it stages them (param), and everything
+// after is Native16's, so the output is the 16-bit kernel's on x.to(dtype) and the cast weights, bit for bit.
 template <class Elem_>
 struct Native16FromF32 : Native16<Elem_> {
   using XElem = float;
   static constexpr bool kFastNeedsNoNaN = false;
+  __device__ static Elem_ param(float v) { return convert<Elem_>(v); }  // __float2bfloat16_rn, __float2half_rn
   // Two input words into one word of two 16-bit values (lo in the low half).
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
@@ -164,6 +169,7 @@ struct Tf32OnF16 {
   static constexpr bool kRecomputesListed = false;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
+  __device__ static float param(float v) { return v; }
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
   // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;

@@ -323,13 +323,15 @@ def _autocast_cast(t, dtype, device_type):
     return t.to(dtype) if eligible else t
 
 
-def _casts_in_kernel(x, weight, bias):
-    """Whether an autocast call may leave x's cast to the kernel (conv_min_tanh2_cast_input): a float32 CUDA tensor
-    of its own (not one that torch.compile or another tensor subclass traces) with 16-bit weights, in eager mode with
+def _casts_in_kernel(x, weight, bias, dtype):
+    """Whether an autocast call to `dtype` may leave the casts of x, the weight and the bias to the kernel
+    (conv_min_tanh2_cast_input): a float32 CUDA x of its own (not one that torch.compile or another tensor subclass
+    traces), weights that autocast casts (float32, bfloat16 or float16), dtype bfloat16 or float16, in eager mode with
     nothing watching the dispatcher below autocast (no torch.jit.trace, no TorchDispatchMode such as make_fx's: the
     call skips the op, so they would not see it), and nothing for autograd to record (nor its autograd formula)."""
     return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
-            and weight.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and dtype in (torch.bfloat16, torch.float16) and weight.dtype == bias.dtype
+            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
             and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
 
@@ -337,8 +339,9 @@ def _casts_in_kernel(x, weight, bias):
 def _register_autocast(lib, name, device_type):
     """Under torch.autocast(device_type), cast x, weight and bias as autocast casts conv2d's (to the autocast dtype),
     then run the op with autocast off for it: ModelNew returns the reference's dtype and runs the 16-bit kernel. In
-    eager CUDA inference (_casts_in_kernel) x is not cast: the fused kernel rounds it as .to() would, as it reads it
-    (conv_min_tanh2_cast_input), which saves the cast kernel's read and write of x; the output is the same bits."""
+    eager CUDA inference (_casts_in_kernel) nothing is cast: the fused kernel rounds x, the weights and the bias as
+    .to() would, as it reads them (conv_min_tanh2_cast_input), which saves the cast kernels (x's read and write, and
+    two small launches); the output is the same bits."""
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
     keys = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
             | torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA))
@@ -346,9 +349,9 @@ def _register_autocast(lib, name, device_type):
     def kernel(_keyset, x, weight, bias, backend):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(keys):
+            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias, dtype):
+                return _ext.conv_min_tanh2_cast_input(x, weight, bias, dtype, backend)
             weight, bias = (_autocast_cast(t, dtype, device_type) for t in (weight, bias))
-            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias):
-                return _ext.conv_min_tanh2_cast_input(x, weight, bias, backend)
             return op(_autocast_cast(x, dtype, device_type), weight, bias, backend)
 
     lib.impl(name, kernel, "Autocast" + device_type.upper(), with_keyset=True)
@@ -504,9 +507,9 @@ class ModelNew(nn.Module):
         weight = self.conv.weight
         if torch.is_autocast_enabled("cuda"):
             dtype = torch.get_autocast_dtype("cuda")
-            weight = _autocast_cast(weight, dtype, "cuda")
-            if not _casts_in_kernel(x, weight, self.conv.bias):
+            if not _casts_in_kernel(x, weight, self.conv.bias, dtype):
                 x = _autocast_cast(x, dtype, "cuda")
+            weight = _autocast_cast(weight, dtype, "cuda")
         code = _ext.fused_kernel(x, weight, self._op_backend)
         return FUSED_KERNELS[code] if code >= 0 else None
 

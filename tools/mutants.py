@@ -71,6 +71,20 @@ MUTANTS = {
         ["test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input[sm90_bf16_from_fp32-ties]",
          "test_cast_input_kernel_equals_the_16bit_kernel_on_the_cast_input[sm80_bf16_from_fp32-ties]"],
     ),
+    # strict fp32's saved minima kept as the 3xTF32 tensor cores summed them (not recomputed in float64)
+    "strict_minima_not_refined": (
+        "if (save && kb25::kFusedKernelPrecision[kernel] == kb25::kPrecisionStrictFp32) {",
+        "if (false && save && kb25::kFusedKernelPrecision[kernel] == kb25::kPrecisionStrictFp32) {",
+        ["test_strict_saving_forward_minima_are_fp32_roundings[H100]",
+         "test_strict_saving_forward_minima_are_fp32_roundings[A100]"],
+    ),
+    # autocast's kernels truncate the float32 weights and bias instead of rounding them to nearest even
+    "cast_weights_truncate": (
+        "__device__ static Elem_ param(float v) { return convert<Elem_>(v); }",
+        "__device__ static Elem_ param(float v) { return convert<Elem_>(__uint_as_float(__float_as_uint(v) & 0xFFFF0000u)); }",
+        ["test_autocast_kernel_rounds_the_weights_as_the_cast[torch.bfloat16-H100-ties]",
+         "test_autocast_kernel_rounds_the_weights_as_the_cast[torch.float16-A100-ties]"],
+    ),
     # the carrier's bias MMA loses the bias's second part (B's k row 1 zero instead of 2^-11)
     "carrier_bias_part_dropped": (
         "return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f);",
@@ -393,8 +407,8 @@ MUTANTS = {
     ),
     # the bias fragments hold channel 2t's bias in both columns: channel 2t + 1 gets its neighbour's
     "mma_sync_bias_fragment_columns": (
-        "bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2 + (i & 1)]), scale);",
-        "bdst[i] = Precision::scale(convert<float>(b[i / 4 * 2]), scale);",
+        "bdst[i] = Precision::scale(convert<float>(Precision::param(b[i / 4 * 2 + (i & 1)])), scale);",
+        "bdst[i] = Precision::scale(convert<float>(Precision::param(b[i / 4 * 2])), scale);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_fp16", "2x16x67x67")],
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product

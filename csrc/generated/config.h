@@ -60,6 +60,11 @@ extern "C" cudaError_t launch_fused_conv3x3_min_tanh2(int kernel, const void* x,
                                                       int H, int W, int num_sms, cudaStream_t stream);
 extern "C" cudaError_t launch_min_dim1_tanh2(int elem, const void* y, void* out, int64_t outer, int64_t reduce,
                                              int64_t inner, int num_sms, cudaStream_t stream);
+// Strict fp32's saved pre-tanh minima (float32 x, weights and bias, contiguous) recomputed at their argmin channel in
+// float64 and rounded once, in place.
+extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w, const float* b,
+                                                 const unsigned char* argmin, float* pre_min, int64_t N, int H, int W,
+                                                 int num_sms, cudaStream_t stream);
 // The backward from a fused forward's argmin and pre-tanh min (float32, bfloat16, float16; contiguous tensors):
 // dX, and dW / db through per-CTA partials (`blocks` of them, each grad_weight_partial_floats() long) added in order.
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,

@@ -103,7 +103,8 @@ def fetch(release, cache=None):
 
 def kernel_names():
     """A name expression for every kernel the launchers instantiate: each FUSED_TABLE row for inference and saving,
-    the epilogue's vector and scalar kernel per supported dtype, the four backward kernels per backward dtype."""
+    the epilogue's vector and scalar kernel per supported dtype, the four backward kernels per backward dtype, and
+    strict fp32's minima kernel (not a template: it is in the PTX whatever is named)."""
     traits = INSTANTIATION.findall(model_new.cuda_source())
     assert len(traits) == len(model_new.FUSED_TABLE), traits
     names = [f"&kb25::conv3x3_min_tanh2_kernel<kb25::{t}, {s}>" for t in traits for s in ("false", "true")]
@@ -114,7 +115,7 @@ def kernel_names():
         names += [f"&kb25::conv3x3_min_tanh2_{part}<{CPP_TYPES[dtype]}>"
                   for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_mma_kernel",
                                "grad_weight_reduce_kernel")]
-    return names
+    return names + ["&kb25::conv3x3_min_refine_kernel"]
 
 
 def device_source():

@@ -5019,14 +5019,23 @@ def _autocast_cast(t, dtype, device_type):
 def _casts_in_kernel(x, weight, bias, dtype):
     """Whether an autocast call to `dtype` may leave the casts of x, the weight and the bias to the kernel
     (conv_min_tanh2_cast_input): a float32 CUDA x of its own (not one that torch.compile or another tensor subclass
-    traces), weights that autocast casts (float32, bfloat16 or float16), dtype bfloat16 or float16, in eager mode with
+    traces), weights of float32 or of `dtype` itself (_kernel_params), dtype bfloat16 or float16, in eager mode with
     nothing watching the dispatcher below autocast (no torch.jit.trace, no TorchDispatchMode such as make_fx's: the
     call skips the op, so they would not see it), and nothing for autograd to record (nor its autograd formula)."""
     return (type(x) is torch.Tensor and x.is_cuda and x.dtype == torch.float32
             and dtype in (torch.bfloat16, torch.float16) and weight.dtype == bias.dtype
-            and weight.dtype in (torch.float32, torch.bfloat16, torch.float16) and not torch.compiler.is_compiling()
+            and weight.dtype in (torch.float32, dtype) and not torch.compiler.is_compiling()
             and torch._C._get_tracing_state() is None and torch._C._len_torch_dispatch_stack() == 0
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)))
+
+
+def _kernel_params(weight, bias, dtype, device_type):
+    """The weight and bias an autocast call hands the kernel that rounds them itself: float32 ones and ones of the
+    autocast dtype as they are (16-bit ones are widened exactly in C++), those of the other 16-bit type cast to it as
+    autocast would."""
+    if weight.dtype in (torch.bfloat16, torch.float16) and weight.dtype != dtype:
+        return _autocast_cast(weight, dtype, device_type), _autocast_cast(bias, dtype, device_type)
+    return weight, bias
 
 
 def _register_autocast(lib, name, device_type):
@@ -5042,8 +5051,10 @@ def _register_autocast(lib, name, device_type):
     def kernel(_keyset, x, weight, bias, backend):
         dtype = torch.get_autocast_dtype(device_type)
         with torch._C._ExcludeDispatchKeyGuard(keys):
-            if name == OP_NAME and device_type == "cuda" and _casts_in_kernel(x, weight, bias, dtype):
-                return _ext.conv_min_tanh2_cast_input(x, weight, bias, dtype, backend)
+            if name == OP_NAME and device_type == "cuda":
+                params = _kernel_params(weight, bias, dtype, device_type)
+                if _casts_in_kernel(x, *params, dtype):
+                    return _ext.conv_min_tanh2_cast_input(x, *params, dtype, backend)
             weight, bias = (_autocast_cast(t, dtype, device_type) for t in (weight, bias))
             return op(_autocast_cast(x, dtype, device_type), weight, bias, backend)
 
@@ -5200,7 +5211,7 @@ class ModelNew(nn.Module):
         weight = self.conv.weight
         if torch.is_autocast_enabled("cuda"):
             dtype = torch.get_autocast_dtype("cuda")
-            if not _casts_in_kernel(x, weight, self.conv.bias, dtype):
+            if not _casts_in_kernel(x, *_kernel_params(weight, self.conv.bias, dtype, "cuda"), dtype):
                 x = _autocast_cast(x, dtype, "cuda")
             weight = _autocast_cast(weight, dtype, "cuda")
         code = _ext.fused_kernel(x, weight, self._op_backend)

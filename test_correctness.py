@@ -2532,6 +2532,25 @@ def test_autocast_rounds_x_in_the_kernel(dtype, profile, tf32_default):
     assert len(fused) == 1 and len(kernels) == 1, kernels
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
+def test_autocast_with_weights_of_the_other_16bit_type(dtype, tf32_default):
+    """A model already in the other 16-bit type under autocast to dtype: autocast casts its weights to dtype, and the
+    kernel that rounds float32 x runs on them: the output equals the cast-then-kernel call's, and fused_kernel() names
+    that kernel."""
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    _, new = _cuda_models(76)
+    new = new.to(other)
+    x = make_input((2, 16, 21, 77), seed=77, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=dtype):
+        kernel = new.fused_kernel(x)
+        got = new(x)
+    w, b = new.conv.weight.detach().to(dtype), new.conv.bias.detach().to(dtype)
+    want = model_new._ext.conv_min_tanh2(x.to(dtype), w, b, 0)
+    assert kernel in CAST_INPUT, kernel
+    assert _bit_equal(got, want)
+
+
 def _cast_weights(kind, weight, bias, dtype):
     """float32 weights and bias for the autocast kernels' own rounding: ties (each halfway between two values of
     dtype, scaled to the weights' range), wide (magnitudes 2^-30 .. 2^17: subnormals, flushes, fp16 overflows), and

@@ -488,7 +488,7 @@ __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 //   exactly if it is an fp16 normal; below 2^-14 fp16 keeps 2^-24 steps (bf16 and fp16 inputs are what they are).
 //   A step is walked instead (each entry's sum in fp32 on the CUDA cores, the inputs from global memory) where its
 //   window holds an input fp16 cannot hold (|x| >= 65520 after rounding, inf, NaN), or a row whose inputs are all
-//   below kSmallRow (and not all zero): there fp16's steps would cost more than TF32's rounding. A row with an
+//   below kSmallRow = 2^-10 (and not all zero): there fp16's steps would cost more than TF32's rounding. A row with an
 //   input of kSmallRow or more keeps its smaller ones within 2^-25 of their value, under 2^-15 of its largest.
 // - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the operand
 //   is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. gm's factor
@@ -516,7 +516,7 @@ struct GradWeightMma : GradGeometry {
   static constexpr int kSumBytes = kCout * kPartial * 4;
   static constexpr int kPixelBytes = kCols * 8;  // (gm, k) by column, for a walked step
   static constexpr int kMaskBytes = 48;  // the chunks' block masks, the scale's maximum, the ring rows' words
-  static constexpr float kSmallRow = 0x1p-10f;
+  static constexpr uint32_t kSmallRowBits = 0x3A800000u;  // kSmallRow = 2^-10, its fp32 bits
   static constexpr int kSmemBytes = kXBytes + 2 * kTilesBytes + kSumBytes + kPixelBytes + kMaskBytes;
   static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 ones
   // The 16-byte half h of a 32-byte row sits at h ^ ((row >> 2) & 1): an ldmatrix's 8 rows (columns of the ring;
@@ -600,16 +600,16 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   };
   const auto store_row = [&](int y) {
     unsigned char* const slot = xs + (y % G::kKsize) * G::kSlotBytes;
-    uint32_t over = 0, nonzero = 0, large = 0;
+    uint32_t over = 0, magnitudes = 0, largest = 0;  // OR and max of |x|'s bits
 #pragma unroll
     for (int u = 0; u < G::kRowPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = at % G::kXCols;
       if (at < G::kRowItems) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float a = fabsf(row_next[u][c]);
-          nonzero |= a > 0.f && a <= 0x1.fffffep127f;
-          large |= a >= G::kSmallRow && a <= 0x1.fffffep127f;
+          const uint32_t a = __float_as_uint(row_next[u][c]) & 0x7FFFFFFFu;
+          magnitudes |= a;
+          largest = max(largest, a);
         }
         const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));
         const uint32_t hi = Native16<__half>::pack2(round_to_tf32(row_next[u][2]), round_to_tf32(row_next[u][3]));
@@ -622,10 +622,11 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     const uint32_t bit = 1u << (y % G::kKsize);
     bad_slots = (over & 0x80008000u) != 0 ? bad_slots | bit : bad_slots & ~bit;
     ++rows_stored;
-    const uint32_t any_nonzero = warp_or(nonzero), any_large = warp_or(large);
+    // An infinity or a NaN counts as nonzero and large here: its row's steps are walked anyway (bad_slots).
+    const uint32_t any = warp_or((magnitudes != 0 ? 1u : 0u) | (largest >= G::kSmallRowBits ? 2u : 0u));
     if (lane == 0) {
-      atomicMax(row_words + 2 * (y % G::kKsize), rows_stored << 1 | any_nonzero);
-      atomicMax(row_words + 2 * (y % G::kKsize) + 1, rows_stored << 1 | any_large);
+      atomicMax(row_words + 2 * (y % G::kKsize), rows_stored << 1 | (any & 1u));
+      atomicMax(row_words + 2 * (y % G::kKsize) + 1, rows_stored << 1 | any >> 1);
     }
   };
   // This thread's pixel (column threadIdx.x of a step), a step ahead.

@@ -1977,7 +1977,7 @@ def test_strict_saving_forward_minima_are_fp32_roundings(profile, tf32_default):
     conv64 = torch.nn.functional.conv2d(x.double(), w.double(), b.double())
     at_argmin = conv64.gather(1, argmin.long()).float()
     ulp = torch.nextafter(at_argmin.abs(), torch.full_like(at_argmin, float("inf"))) - at_argmin.abs()
-    assert ((pre_min - at_argmin).abs() <= ulp).all()  # float64 rounded once (1 ulp: the float64 sums' order)
+    assert ((pre_min - at_argmin).abs() <= ulp).all()  # a compensated sum rounded once: within an ulp of float64's
     ref = reference.Model(16, 64, 3).cuda()
     ref.load_state_dict(new.state_dict())
     ref_min = torch.nn.functional.conv2d(x, w, b).min(1, keepdim=True)[0]
@@ -2031,6 +2031,12 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
             want = harness.routed_float64_grads(x, w, argmin, pre_min, mixed)[1]
             tol = TF32_WEIGHT_GRAD_TOL if _weight_grad_on_tensor_cores(profile, precision) else ROUTED_TOL[precision]
             assert harness.relative_error(dw_mixed, want) <= max(tol, ROUTED_TOL[precision]), (scale, "dw mixed")
+        tiny = g * 2.0**-120  # the operand scale at its upper clamp: 2^-scale must stay a normal float, not 0
+        _, _, dw_tiny, db_tiny = _grads(new, x, tiny)
+        want = harness.routed_float64_grads(x, w, argmin, pre_min, tiny)
+        tol = TF32_WEIGHT_GRAD_TOL if _weight_grad_on_tensor_cores(profile, precision) else ROUTED_TOL[precision]
+        assert harness.relative_error(dw_tiny, want[1]) <= max(tol, ROUTED_TOL[precision]), "dw at 2^-120"
+        assert harness.relative_error(db_tiny, want[2]) <= ROUTED_TOL[precision], "db at 2^-120"
 
 
 @needs_cuda
@@ -2049,6 +2055,7 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
             x *= 1e-3
         else:
             x[1] *= 1e-6
+            g[0] = 0  # dW then comes from the tiny image alone (beside image 0's it would weigh 1e-6)
     with harness.emulated(profile):
         _, dx, dw, db = _grads(new, x, g)
         w = new.conv.weight.detach()
@@ -2061,7 +2068,7 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
     for name, got, truth in zip("xwb", (dx, dw, db), want):
         err = harness.relative_error(got, truth)
         assert err <= tol[name], f"{where} d{name}: {err}"
-    if case == "tiny_x":  # walked: every product in fp32
+    if case != "small_x":  # walked: every product in fp32
         assert harness.relative_error(dw, want[1]) <= 1e-5, where
 
 

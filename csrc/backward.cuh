@@ -17,11 +17,13 @@ __device__ __forceinline__ float min_grad(float g, float m) {
   return g * (1.f - t2 * t2) * (1.f - t1 * t1);
 }
 
-// Strict fp32's saved pre-tanh min, recomputed at the pixel's argmin channel in float64 and rounded once (0.5 ulp).
-// The 3xTF32 tensor cores' sums drop small * small and accumulate in the tensor cores' fp32 (which does not round to
-// nearest): the kernel's minima are about 2.4 times as far from float64 as cuDNN's fp32 conv's (relative L2, H200),
-// and gm, so every gradient, would carry that. A min that is not finite, or whose recomputation is not (0 * inf),
-// stays the kernel's. One thread a pixel; the weights in shared memory.
+// Strict fp32's saved pre-tanh min, recomputed at the pixel's argmin channel and rounded once: a compensated fp32 dot
+// product (Dot2: each product's error by fma, each sum's by TwoSum, added apart), as accurate as a sum in twice fp32's
+// precision, without float64 (1/64 rate on many GPUs). The 3xTF32 tensor cores' sums drop small * small and
+// accumulate in the tensor cores' fp32 (which does not round to nearest): the kernel's minima are about 2.4 times as
+// far from float64 as cuDNN's fp32 conv's (relative L2, H200), and gm, so every gradient, would carry that. A min that
+// is not finite, or whose recomputation is not (0 * inf), stays the kernel's. One thread a pixel; the weights in
+// shared memory, rows padded to an odd stride so that lanes of different k read different banks.
 __global__ void __launch_bounds__(256) conv3x3_min_refine_kernel(const float* __restrict__ x,
                                                                  const float* __restrict__ w,
                                                                  const float* __restrict__ b,
@@ -29,9 +31,10 @@ __global__ void __launch_bounds__(256) conv3x3_min_refine_kernel(const float* __
                                                                  float* __restrict__ pre_min, int64_t N, int H, int W) {
   constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
   constexpr int kRow = kCin * kKsize * kKsize;  // a channel's weights, in the weight's order (c, i, j)
-  __shared__ float ws[kCout * kRow];
+  constexpr int kStride = kRow + 1;
+  __shared__ float ws[kCout * kStride];
   __shared__ float bs[kCout];
-  for (int i = threadIdx.x; i < kCout * kRow; i += blockDim.x) ws[i] = w[i];
+  for (int i = threadIdx.x; i < kCout * kRow; i += blockDim.x) ws[i / kRow * kStride + i % kRow] = w[i];
   if (threadIdx.x < kCout) bs[threadIdx.x] = b[threadIdx.x];
   __syncthreads();
   const int OH = H - (kKsize - 1), OW = W - (kKsize - 1);
@@ -41,16 +44,21 @@ __global__ void __launch_bounds__(256) conv3x3_min_refine_kernel(const float* __
     const int ox = (int)(p % OW), oy = (int)(p / OW % OH);
     const int64_t n = p / ((int64_t)OW * OH);
     const float* const xp = x + (n * kCin * H + oy) * (int64_t)W + ox;
-    const float* const wk = ws + argmin[p] * kRow;
-    double acc = bs[argmin[p]];
+    const float* const wk = ws + argmin[p] * kStride;
+    float sum = bs[argmin[p]], err = 0.f;
 #pragma unroll 4
     for (int c = 0; c < kCin; ++c) {
 #pragma unroll
       for (int t = 0; t < kKsize * kKsize; ++t) {
-        acc = fma((double)wk[c * kKsize * kKsize + t], (double)xp[((int64_t)c * H + t / kKsize) * W + t % kKsize], acc);
+        const float a = wk[c * kKsize * kKsize + t], v = xp[((int64_t)c * H + t / kKsize) * W + t % kKsize];
+        // _rn intrinsics: nvcc must not contract these into fmas, or the error terms are not exact
+        const float prod = __fmul_rn(a, v), prod_err = fmaf(a, v, -prod);
+        const float s = __fadd_rn(sum, prod), z = __fsub_rn(s, sum);
+        err += __fadd_rn(__fsub_rn(sum, __fsub_rn(s, z)), __fsub_rn(prod, z)) + prod_err;
+        sum = s;
       }
     }
-    const float m = (float)acc;
+    const float m = sum + err;
     if (isfinite(m)) pre_min[p] = m;
   }
 }
@@ -560,7 +568,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
     atomicMax(scale_max, m);
   }
   __syncthreads();
-  const int scale = max(-126, min(127, 141 - max((int)(*scale_max >> 23), 1)));
+  const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));  // 2^-scale a normal float
   const float up = G::pow2(scale);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
@@ -688,8 +696,10 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
       }
     }
     bool walk = __syncthreads_or(bad_slots != 0);
+    if constexpr (!std::is_same_v<Elem, __half>) {  // fp16 inputs are exact in the operands: nothing to walk for
 #pragma unroll
-    for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);
+      for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);
+    }
     const int count = min(G::kCols, OW - cb * G::kCols);
     if (walk) {  // inputs fp16 does not hold well: every entry's sum in fp32, pixel by pixel, inputs from global memory
       if (e < G::kWalkers) {

@@ -510,8 +510,14 @@ MUTANTS = {
     ),
     # the tensor-core dW's operand scale keeps its old lower clamp: a largest |g| above 2^116 overflows fp16
     "grad_weight_mma_scale_clamped_at_minus_100": (
+        "const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
+        "const int scale = max(-100, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+    ),
+    # the operand scale's upper clamp at 127, where 2^-127 (pow2) is 0: a largest |g| below 2^-112 gives dW = 0
+    "grad_weight_mma_scale_clamped_at_127": (
+        "const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
         "const int scale = max(-126, min(127, 141 - max((int)(*scale_max >> 23), 1)));",
-        "const int scale = max(-100, min(100, 141 - max((int)(*scale_max >> 23), 1)));",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor

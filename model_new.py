@@ -55,19 +55,21 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
 # The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
 # and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
-# (Tf32RoundNearest) for inputs beyond fp16. The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
+# (Tf32RoundNearest) for inputs beyond fp16; strict fp32 on fp16 hi/lo parts (Fp32OnF16x3, "fp16x3": three products at
+# the fp16 rate) is strict's on sm_90, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
 # the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
 PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
-                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
+                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("strict_fp32", "fp16x3", "fp32"): "Fp32OnF16x3",
+                  ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
                   ("fp16", "fp16", "fp16"): "Native16<__half>",
                   ("bf16", "bf16", "fp32"): "Native16FromF32<__nv_bfloat16>",
                   ("fp16", "fp16", "fp32"): "Native16FromF32<__half>"}
 # The dtype each input name stands for.
 INPUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Guarded: the kernel lists the images it cannot compute exactly and the guard kernel recomputes them. Guards: the
-# kernels that can recompute listed images.
-GUARDED_TAGS = ("Tf32OnF16",)
-GUARD_TAGS = ("Tf32RoundNearest",)
+# kernels that can recompute listed images (a guarded kernel's guard: the first of the same precision and MMA).
+GUARDED_TAGS = ("Tf32OnF16", "Fp32OnF16x3")
+GUARD_TAGS = ("Tf32RoundNearest", "Tf32x3")
 # The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
 # `using` line of FusedTraits (csrc/generated/fused_table.cuh), an entry of the launcher table and of the
 # requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision and
@@ -91,6 +93,8 @@ FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
     FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
+    # Strict fp32 as fp16 hi/lo parts, three products; its guard is the 3xTF32 kernel of the same MMA.
+    FusedKernel("sm90_f16x3", "wgmma", "strict_fp32", "fp16x3", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
@@ -112,6 +116,10 @@ FUSED_TABLE = (
     FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
+# The guards: the rows of a guard tag with a guarded row of the same precision and MMA (the others carry no code for
+# recomputing listed images).
+GUARD_KERNELS = tuple(k.name for k in FUSED_TABLE if k.tag in GUARD_TAGS and any(
+    g.tag in GUARDED_TAGS and (g.precision, g.mma) == (k.precision, k.mma) for g in FUSED_TABLE))
 EXTENSION_NAME = "kb25_conv_min_tanh2"
 OP_NAMESPACE = "kb25"
 OP_NAME = "conv_min_tanh2"
@@ -172,15 +180,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 16;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+inline constexpr int kFusedKernelCount = 17;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -481,6 +489,15 @@ __device__ __forceinline__ void wgmma_async(float (&d)[8][4], uint64_t desc_a, u
 }
 template <bool kAccumulate = true>
 __device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                            Operand<__half>) {
+#if KB25_HAS_WGMMA
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
+#endif
+}
+template <bool kAccumulate = true>
+__device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                             Operand<float>) {
 #if KB25_HAS_WGMMA
   asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1;\n"
@@ -707,20 +724,23 @@ struct OneProduct {
   using WgmmaSmall = float[1][4];  // no small products
 };
 
-// 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
+// Strict fp32 by three products: v = big + small; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
 // accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
 // Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
-struct ThreeProducts {
+// kSmallExp: the small parts are stored times 2^-kSmallExp (fp16 parts: 2^11, so that they stay normal fp16 values),
+// and their sum is multiplied by 2^kSmallExp (exact) before it joins (3xTF32: 0, TF32 parts as they are).
+template <int kSmallExp>
+struct ThreeProductsScaled {
   static constexpr int kCopies = 2;  // a stored operand is big, then small
   // wgmma: the accumulators start from the bias (moves), the small products from zero.
   static constexpr bool kBiasByMma = false;
   // wgmma: the whole window is waited for before the first MMA (issuing the older rows' MMAs first ran 9% slower;
   // docs/perf-notes.md, "3xTF32").
   static constexpr bool kIssuesBeforeNewest = false;
-  template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
-    float big, small;
+  template <class Tag, class O, class E>
+  __device__ static void store_weight(O* dst, int at, int copy_elems, E v) {  // O: the MMA's element, E: float
+    O big, small;
     Tag::split_weight(v, big, small);
     dst[at] = big;
     dst[at + copy_elems] = small;
@@ -741,8 +761,8 @@ struct ThreeProducts {
   template <class Elem, bool kFirst, int kN>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], float (&small)[kN][4], uint64_t a, uint64_t b,
                                       uint64_t a_small, uint64_t b_small) {
-    wgmma_async(small, a + a_small, b, Operand<float>{});
-    wgmma_async(small, a, b + b_small, Operand<float>{});
+    wgmma_async(small, a + a_small, b, Operand<Elem>{});
+    wgmma_async(small, a, b + b_small, Operand<Elem>{});
     wgmma_async(acc, a, b, Operand<Elem>{});
   }
   template <int kN>
@@ -751,7 +771,14 @@ struct ThreeProducts {
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] += small[j][i];
+      for (int i = 0; i < 4; ++i) acc[j][i] += unscaled_small(small[j][i]);
+  }
+  __device__ static float unscaled_small(float v) {
+    if constexpr (kSmallExp == 0) {
+      return v;
+    } else {
+      return v * (kSmallExp < 0 ? 1.f / (float)(1 << -kSmallExp) : (float)(1 << kSmallExp));
+    }
   }
   // mma.sync: one m16n8 tile's three products (a, bw: the big parts; as, bs: the small ones); at the first k-step the
   // big product's C is the bias, the small ones' zero.
@@ -785,23 +812,22 @@ struct ThreeProducts {
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += unscaled_small(small[mt][nt][i]);
   }
   template <int kN>
   using WgmmaSmall = float[kN][4];
 };
+using ThreeProducts = ThreeProductsScaled<0>;  // 3xTF32: TF32 parts
 
 }  // namespace kb25
 
 
 namespace kb25 {
 
-// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
-// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
-// (GuardList, Tf32RoundNearest only).
+// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16 and
+// Fp32OnF16x3): no weight scale, no range to guard.
 struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
-  static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
   // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
   template <class E>
@@ -847,8 +873,6 @@ struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both
   using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
-  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
-  static constexpr bool kRecomputesListed = true;
   // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
   static constexpr bool kTanhApprox = false;
   __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
@@ -928,9 +952,10 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range.
-  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
-  static constexpr uint32_t kOutOfRange = 0;
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
+  // asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  __device__ static bool range_lists(uint32_t) { return false; }
 };
 
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
@@ -956,7 +981,6 @@ struct Tf32OnF16 {
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
   static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
   static constexpr bool kGuardsRange = true;
-  static constexpr bool kRecomputesListed = false;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
   __device__ static float param(float v) { return v; }
@@ -971,10 +995,10 @@ struct Tf32OnF16 {
     }
     return r;
   }
-  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
-  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
-  static constexpr uint32_t kOutOfRange = 0x80008000u;
+  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
+  // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
   // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
   template <int kThreads>
@@ -1026,6 +1050,84 @@ struct Tf32OnF16 {
   __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
   // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
   __device__ static float unscale(float m, float inverse) { return m * inverse; }
+};
+
+// Strict fp32 on the fp16 tensor cores: each operand as two fp16 parts, v = hi + lo * 2^-11 (hi = v rounded to fp16,
+// lo = the rest times 2^11, rounded to fp16: 22 significant bits), and three products, hi*hi into the accumulators,
+// hi*lo + lo*hi into an accumulator of their own that joins them times 2^-11 (ThreeProductsScaled<-11>): 3xTF32's
+// scheme at the fp16 rate. The weights are scaled by 2^s first (s puts the largest |w| or |bias| in [2^14, 2^15), so
+// that no hi rounds up past fp16's range), the accumulators start from the bias times 2^s, and the epilogue
+// multiplies each pixel's min by 2^-s, as Tf32OnF16 does. A part below fp16's normal range keeps its subnormal
+// spacing: an input is carried to within 2^-22 of its magnitude plus 2^-36.
+// The guard (GuardList): a producer thread's share of a row (its items: 4 columns x 8 channels each) that holds an
+// input fp16 does not (|hi| >= 65504, +-inf, NaN), or that is nonzero but all below fp16's normal range (2^-14: there
+// the 2^-36 would be most of what fp32 keeps), lists its image; a weight or a bias that is not finite, or a nonzero
+// weight that the scale leaves below 2^-14 (one that the parts would carry to less than 22 bits), lists every image.
+// The 3xTF32 kernel (Tf32x3) runs after this one in the same stream and recomputes the listed images.
+struct Fp32OnF16x3 {
+  using Elem = float;
+  using XElem = float;
+  using MmaElem = __half;
+  static constexpr int kMmaK = 16;
+  static constexpr int kSmallExp = -11;
+  using Multiply = ThreeProductsScaled<kSmallExp>;
+  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as 3xTF32
+  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  static constexpr bool kGuardsRange = true;
+  static constexpr int kScratchBytes = 16;  // the largest magnitude (bits) and the flag, as Tf32OnF16's
+  __device__ static float param(float v) { return v; }
+  __device__ static void split(float v, __half& hi, __half& lo) {
+    hi = __float2half_rn(v);
+    lo = __float2half_rn((v - __half2float(hi)) * 2048.f);
+  }
+  __device__ static void split_weight(float v, __half& hi, __half& lo) { split(v, hi, lo); }
+  // Two input words into one word of their two hi parts (lo in the low half): fp16 rounded to nearest, even.
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    return r;
+  }
+  // The same two words' lo parts, from their hi parts h (narrow2's word): (v - hi) * 2^11, exact in fp32, rounded to
+  // fp16.
+  __device__ static uint32_t rest2(uint32_t lo, uint32_t hi, uint32_t h) {
+    const __half2 parts = *reinterpret_cast<const __half2*>(&h);
+    const float r_lo = (__uint_as_float(lo) - __low2float(parts)) * 2048.f;
+    const float r_hi = (__uint_as_float(hi) - __high2float(parts)) * 2048.f;
+    uint32_t r = 0;
+    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));
+    return r;
+  }
+  // Over a thread's hi words: the largest magnitude of each half (bits; a NaN's is above every other).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
+  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and all below 2^-14.
+  __device__ static bool range_lists(uint32_t range) {
+    const uint32_t m = max(range & 0xFFFFu, range >> 16);
+    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
+  }
+  template <int kThreads>
+  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                                     uint32_t* scratch) {
+    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(w[i]) & 0x7FFFFFFFu);
+    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
+    atomicMax(scratch, m);
+    __syncthreads();
+    return scale_of(scratch);
+  }
+  // 2^(sign * s), s = 14 - the exponent of the largest |w| or |bias|, kept within [-126, 126].
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
+    int s = 14 - ((int)(scratch[0] >> 23) - 127);
+    s = s < -126 ? -126 : s > 126 ? 126 : s;
+    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+  }
+  __device__ static float scale(float v, float scale) { return v * scale; }
+  // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
+  // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).
+  __device__ static bool inexact(float v, float scale) { return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }
+  __device__ static bool inexact_bias(float v, float) { return !isfinite(v); }
+  __device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }
 };
 
 }  // namespace kb25
@@ -2994,9 +3096,9 @@ struct RowProducer {
 #pragma unroll
     for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
-  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns, where x
-  // narrows, the OR of Precision::out_of_range over what it stored (0 otherwise).
-  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot) const {
+  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
+  // with, where x narrows, what it stored folded in (Precision::range_fold; unchanged otherwise).
+  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
     unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
@@ -3026,27 +3128,24 @@ struct RowProducer {
     } else if constexpr (kNarrows) {
       // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
       // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
+      // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
       const int r = (chunk >> 1) & 3;
       uint32_t q[4][4];  // [column][channel pair]
-      uint32_t range = 0;
 #pragma unroll
       for (int col = 0; col < 4; ++col) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
-          range |= Precision::out_of_range(q[col][k]);
+          range = Precision::range_fold(range, q[col][k]);
         }
       }
-      const bool half = r & 2, one = r & 1;
+      store_rotated(dst, q, r);
+      if constexpr (Geometry::kSplitInSlot) {
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        uint32_t v[4];
+        for (int col = 0; col < 4; ++col)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
-          v[k] = one ? h1 : h0;
-        }
-        *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+          for (int k = 0; k < 4; ++k) q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+        store_rotated(dst + Geometry::kCopyBytes, q, r);
       }
       return range;
     } else {
@@ -3069,9 +3168,24 @@ struct RowProducer {
       for (int jj = 0; jj < 4; ++jj)
         store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
     }
-    return 0;
+    return range;
   }
   __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+  // A narrowed 4-column piece q[column][channel pair], column c stored at ((c - r) & 3): the words rotated by r (two
+  // conditional swaps, which compile to selects).
+  __device__ static void store_rotated(unsigned char* dst, const uint32_t (&q)[4][4], int r) {
+    const bool half = r & 2, one = r & 1;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
+        v[k] = one ? h1 : h0;
+      }
+      *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
   // turn, zero past the row's end; slow, and next to no registers.
@@ -3091,16 +3205,16 @@ struct RowProducer {
     uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
-      if (mine(k)) range |= store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
+      if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
       uint4 raw[kChannels];
       load_item(raw, kBody + tid, x_img, y, col0);
-      range |= store_item(quieted(raw), kBody + tid, slot);
+      range = store_item(quieted(raw), kBody + tid, slot, range);
     }
     return out_of_range(range);
   }
   __device__ static bool out_of_range(uint32_t range) {
-    if constexpr (kNarrows) return (range & Precision::kOutOfRange) != 0;
+    if constexpr (kNarrows) return Precision::range_lists(range);
     return false;
   }
   // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
@@ -3141,8 +3255,10 @@ struct RowProducer {
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
             const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
-            range |= Precision::out_of_range(h);
+            range = Precision::range_fold(range, h);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
+            if constexpr (Geometry::kSplitInSlot)
+              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)Precision::rest2(e, 0, h);
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
@@ -3357,11 +3473,18 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
+// Whether a kernel of the table is a guard (kFusedKernelGuards): with a guard buffer it computes only the images a
+// guarded kernel of its precision and MMA listed (Images). The generated table sets it for those rows alone, so the
+// kernels that guard nothing carry no code for it.
+template <class Traits>
+inline constexpr bool kRecomputesListed = false;
+
 }  // namespace kb25
 
 // Generated by tools/bundle.py from python/constants.py: edit those, not this file.
 // The fused kernels of FUSED_TABLE, in the chooser's order: a FusedTraits each (MMA, precision, tile columns,
-// consumers, producer warps, ring slots, write schedule), and KB25_FUSED_KERNELS(X), X(traits) for each row.
+// consumers, producer warps, ring slots, write schedule), the guards among them (GUARD_KERNELS), and
+// KB25_FUSED_KERNELS(X), X(traits) for each row.
 
 
 
@@ -3369,6 +3492,7 @@ namespace kb25 {
 
 using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Schedule<WriteSchedule::kInline, 2>>;
+using Sm90F16x3 = FusedTraits<MmaKind::kWgmma, Fp32OnF16x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Native16<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
@@ -3384,9 +3508,18 @@ using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, 
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 
+template <>
+inline constexpr bool kRecomputesListed<Sm90Tf32> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm90Tf32x3> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm80Tf32> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm80Tf3299k> = true;
+
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
 
 namespace kb25 {
 
@@ -3609,7 +3742,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     using Ring = typename Traits::Ring;
     using Precision = typename Traits::Precision;
     // A guard kernel with a guard computes the listed images only (Images), and returns at once where none is.
-    if constexpr (Precision::kRecomputesListed) {
+    if constexpr (kRecomputesListed<Traits>) {
       if (guard != nullptr) {
         const int listed = guard[0];
         if (listed == 0) return;
@@ -3634,7 +3767,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
-    const Images images{Precision::kRecomputesListed && guard != nullptr ? guard + 1 : nullptr,
+    const Images images{kRecomputesListed<Traits> && guard != nullptr ? guard + 1 : nullptr,
                         Precision::kGuardsRange ? guard : nullptr,
                         Precision::kGuardsRange ? (int)(total_steps / ((int64_t)OH * Traits::col_blocks(OW))) : 0};
     if constexpr (Precision::kGuardsRange) {
@@ -3944,13 +4077,13 @@ extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile
   return -1;
 }
 
-// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same MMA, that the
-// GPU can launch.
+// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same precision and
+// MMA, that the GPU can launch.
 extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device) {
   if (kernel < 0 || kernel >= kb25::kFusedKernelCount || !kb25::kFusedKernelGuarded[kernel]) return -1;
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
-    if (kb25::kFusedKernelGuards[k] && kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma &&
-        can_implement(kFusedRequirements[k], device))
+    if (kb25::kFusedKernelGuards[k] && kb25::kFusedKernelPrecision[k] == kb25::kFusedKernelPrecision[kernel] &&
+        kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma && can_implement(kFusedRequirements[k], device))
       return k;
   }
   return -1;
@@ -4169,15 +4302,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 16;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+inline constexpr int kFusedKernelCount = 17;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {

@@ -1136,9 +1136,9 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
 def _expected_kernel(precision, mma_sync_only=False):
     """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
     else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 126.6 KB. TF32 runs on fp16
-    operands everywhere."""
+    operands everywhere, strict fp32 on fp16 parts with wgmma."""
     if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
-        return {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16",
+        return {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16",
                 "fp16": "sm90_fp16"}[precision]
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     if precision == "strict_fp32":
@@ -1209,7 +1209,7 @@ PROFILE_KERNELS = {
     "A100": _SM80,
     "A10G": _SM80_99K,
     "L40S": _SM80_99K,
-    "H100": {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_tf32x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
+    "H100": {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
     "B200": _SM80,
     "RTX5090": _SM80_99K,
 }
@@ -2267,21 +2267,31 @@ def test_training_under_compile_and_cuda_graphs(tf32_default):
         assert torch.equal(xg.grad, dx) and torch.equal(new.conv.weight.grad, dw) and torch.equal(new.conv.bias.grad, db)
 
 
-# ------------------------------------------------------------------------------ TF32 on fp16 operands, and its guard
+# ------------------------------------------------------------------- fp16 operands for fp32 inputs, and their guards
+# TF32 on fp16 operands (the TF32 products) and strict fp32 on fp16 hi/lo parts (three products): each lists the
+# images it cannot carry, and its guard (TF32, 3xTF32) recomputes them.
 GUARDED = [k.name for k in model_new.FUSED_TABLE if k.tag in model_new.GUARDED_TAGS]
-TF32_GUARDS = [k.name for k in model_new.FUSED_TABLE if k.tag in model_new.GUARD_TAGS]
+GUARDED_TF32 = [k for k in GUARDED if model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(k)].precision == "tf32"]
+GUARDED_STRICT = [k for k in GUARDED if model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(k)].precision == "strict_fp32"]
+GUARDS = list(model_new.GUARD_KERNELS)
+
+
+def _row(name):
+    return model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)]
 
 
 def _guard_of(name):
-    """The TF32 kernel that guards `name` on this GPU: the first guard of the same MMA that launches here."""
-    mma = model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(name)].mma
-    return next(k for k in TF32_GUARDS if model_new.FUSED_TABLE[model_new.FUSED_KERNELS.index(k)].mma == mma
+    """The kernel that guards `name` on this GPU: the first guard of the same precision and MMA that launches here."""
+    return next(k for k in GUARDS if (_row(k).precision, _row(k).mma) == (_row(name).precision, _row(name).mma)
                 and model_new.fused_kernel_launches(k))
 
 
 def _guarded_or_skip(name):
+    """Skips where this GPU cannot launch `name`; else sets the conv precision that it computes (TF32 convs allowed
+    for TF32, not for strict fp32: run_fused_kernel checks it; the tf32_default fixture restores it)."""
     if not model_new.fused_kernel_launches(name):
         pytest.skip(f"{name} does not launch on this GPU")
+    torch.backends.cudnn.allow_tf32 = _row(name).precision == "tf32"
 
 
 def _case_seed(*key):
@@ -2331,7 +2341,7 @@ def _log_uniform(shape, gen, lo, hi):
 
 @needs_cuda
 @pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "ties", "wide"])
-@pytest.mark.parametrize("name", GUARDED)
+@pytest.mark.parametrize("name", GUARDED_TF32)
 def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default):
     """The guarded kernels multiply TF32-rounded operands (ties away) on fp16 tensor cores: against the float64
     forward of the TF32-rounded x and weight, within fp32 accumulation noise (2e-6 of the sums' scale), plus, where
@@ -2357,13 +2367,43 @@ def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default)
 
 
 @needs_cuda
+@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "ties", "wide"])
+@pytest.mark.parametrize("name", GUARDED_STRICT)
+def test_strict_on_fp16_parts_gives_fp32_products(name, kind, tf32_default):
+    """Strict fp32 on fp16 hi/lo parts: against the float64 forward of x and the weights as they are, no further
+    than twice what its guard (3xTF32, the same three-product scheme on TF32 parts) is, plus the contract's 2^-36 per
+    input times the largest sum of |w| over a channel; and within 1e-6 of the sums' scale. Inputs all below fp16's
+    normal range (x 6e-5) list every image, which the guard then computes. Ties: halfway between two fp16 values."""
+    # (the same distributions as the TF32 carrier's test, _distribution)
+    _guarded_or_skip(name)
+    _, new = _cuda_models(7)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    if kind == "wide":
+        w = w / 256
+    floor = 2.0 ** -36 * float(w.abs().sum(dim=(1, 2, 3)).max())
+    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
+        x = _distribution(kind, shape, seed=_case_seed(kind, shape))
+        out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
+        guard = model_new.run_fused_kernel(x, w, b, _guard_of(name))
+        if kind == "subnormal":
+            assert sorted(listed.tolist()) == list(range(shape[0])), (shape, listed)
+            assert _bit_equal(out, guard)
+            continue
+        assert listed.numel() == 0, (kind, shape, listed)
+        truth = harness.float64_forward(x, w, b)
+        err, guard_err = harness.max_abs_error(out, truth), harness.max_abs_error(guard, truth)
+        assert err <= 2 * guard_err + floor, f"{name} {kind} {shape}: {err} from float64, 3xTF32 {guard_err}"
+        assert err <= 1e-6 * max(1.0, float(truth.abs().max())), f"{name} {kind} {shape}: {err} from float64"
+
+
+@needs_cuda
 @pytest.mark.parametrize("name", GUARDED)
 def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default):
-    """Inputs whose TF32 value fp16 does not hold (65520 rounds to 65536, 1e30, +-inf, NaN), in one row of one
-    image, over one image's rows, in several images; tiny ones (1e-6, 1e-30) and 65504's neighbour 65000 that it does
-    hold. Alone, the kernel lists exactly the images with such inputs, each once, and leaves the others as its
-    guarded run leaves them (the guard's path missed there); with its guard, each listed image is bit for bit what
-    the TF32 kernel gives it (NaN where it has NaN: the guard's path hit)."""
+    """Inputs whose TF32 (or fp16 hi) value fp16 does not hold (65520 rounds to 65536, 1e30, +-inf, NaN), in one row
+    of one image, over one image's rows, in several images; tiny ones (1e-6, 1e-30) beside normal ones and 65504's
+    neighbour 65000 that it does hold. Alone, the kernel lists exactly the images with such inputs, each once, and
+    leaves the others as its guarded run leaves them (the guard's path missed there); with its guard, each listed
+    image is bit for bit what the guard kernel (TF32, 3xTF32) gives it (NaN where it has NaN: the guard's path hit)."""
     _guarded_or_skip(name)
     _, new = _cuda_models(8)
     w, b = new.conv.weight.detach(), new.conv.bias.detach()
@@ -2396,9 +2436,11 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
 @pytest.mark.parametrize("name", GUARDED)
 def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_default):
     """The weights are scaled by a power of two into fp16's range and the scale is undone after the min: tiny
-    (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the TF32 products (1e-6
-    of the output's scale from the TF32 kernel's), nothing listed. Weights fp16 cannot hold at any one scale (one
-    weight 2^40 times the rest) or a NaN weight or bias list every image, and the output is the TF32 kernel's."""
+    (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the kernel's products
+    (TF32: the TF32-rounded operands'; strict: the operands' own) within 1e-6 (strict 1e-7) of the output's scale from
+    the guard kernel's and 2e-6 of the float64 forward, nothing listed. Weights fp16 cannot hold at any one scale (one
+    weight 2^40 times the rest) or a NaN weight or bias list every image, and the output is the guard kernel's."""
+    strict = _row(name).precision == "strict_fp32"
     _guarded_or_skip(name)
     _, new = _cuda_models(10)
     w, b = new.conv.weight.detach().clone(), new.conv.bias.detach().clone()
@@ -2425,8 +2467,8 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
     else:
         assert listed.numel() == 0
         scale = float(tf32.abs().max()) or 1.0
-        assert harness.max_abs_error(out, tf32) <= 1e-6 * scale, case
-        truth = harness.float64_forward(x, w, b, operands=harness.round_tf32)
+        assert harness.max_abs_error(out, tf32) <= (1e-7 if strict else 1e-6) * scale, case
+        truth = harness.float64_forward(x, w, b, operands=None if strict else harness.round_tf32)
         assert harness.max_abs_error(out, truth) <= 2e-6 * scale, case
 
 

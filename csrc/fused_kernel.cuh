@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     using Ring = typename Traits::Ring;
     using Precision = typename Traits::Precision;
     // A guard kernel with a guard computes the listed images only (Images), and returns at once where none is.
-    if constexpr (Precision::kRecomputesListed) {
+    if constexpr (kRecomputesListed<Traits>) {
       if (guard != nullptr) {
         const int listed = guard[0];
         if (listed == 0) return;
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
 
     const int OH = H - (Traits::kKsize - 1), OW = W - (Traits::kKsize - 1);
-    const Images images{Precision::kRecomputesListed && guard != nullptr ? guard + 1 : nullptr,
+    const Images images{kRecomputesListed<Traits> && guard != nullptr ? guard + 1 : nullptr,
                         Precision::kGuardsRange ? guard : nullptr,
                         Precision::kGuardsRange ? (int)(total_steps / ((int64_t)OH * Traits::col_blocks(OW))) : 0};
     if constexpr (Precision::kGuardsRange) {

@@ -123,13 +123,13 @@ extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile
   return -1;
 }
 
-// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same MMA, that the
-// GPU can launch.
+// A guarded kernel's guard: the first kernel of the table that recomputes listed images, with the same precision and
+// MMA, that the GPU can launch.
 extern "C" int choose_guard_kernel(int kernel, kb25::DeviceProfile device) {
   if (kernel < 0 || kernel >= kb25::kFusedKernelCount || !kb25::kFusedKernelGuarded[kernel]) return -1;
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
-    if (kb25::kFusedKernelGuards[k] && kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma &&
-        can_implement(kFusedRequirements[k], device))
+    if (kb25::kFusedKernelGuards[k] && kb25::kFusedKernelPrecision[k] == kb25::kFusedKernelPrecision[kernel] &&
+        kFusedRequirements[k].wgmma == kFusedRequirements[kernel].wgmma && can_implement(kFusedRequirements[k], device))
       return k;
   }
   return -1;

@@ -59,20 +59,23 @@ struct OneProduct {
   using WgmmaSmall = float[1][4];  // no small products
 };
 
-// 3xTF32 (strict fp32): v = big + small, both TF32; big*big + big*small + small*big, small*small dropped. The two small
+// Strict fp32 by three products: v = big + small; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
 // accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
 // Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
-struct ThreeProducts {
+// kSmallExp: the small parts are stored times 2^-kSmallExp (fp16 parts: 2^11, so that they stay normal fp16 values),
+// and their sum is multiplied by 2^kSmallExp (exact) before it joins (3xTF32: 0, TF32 parts as they are).
+template <int kSmallExp>
+struct ThreeProductsScaled {
   static constexpr int kCopies = 2;  // a stored operand is big, then small
   // wgmma: the accumulators start from the bias (moves), the small products from zero.
   static constexpr bool kBiasByMma = false;
   // wgmma: the whole window is waited for before the first MMA (issuing the older rows' MMAs first ran 9% slower;
   // docs/perf-notes.md, "3xTF32").
   static constexpr bool kIssuesBeforeNewest = false;
-  template <class Tag, class E>
-  __device__ static void store_weight(E* dst, int at, int copy_elems, E v) {  // E: float
-    float big, small;
+  template <class Tag, class O, class E>
+  __device__ static void store_weight(O* dst, int at, int copy_elems, E v) {  // O: the MMA's element, E: float
+    O big, small;
     Tag::split_weight(v, big, small);
     dst[at] = big;
     dst[at + copy_elems] = small;
@@ -93,8 +96,8 @@ struct ThreeProducts {
   template <class Elem, bool kFirst, int kN>
   __device__ static void wgmma_k_step(float (&acc)[kN][4], float (&small)[kN][4], uint64_t a, uint64_t b,
                                       uint64_t a_small, uint64_t b_small) {
-    wgmma_async(small, a + a_small, b, Operand<float>{});
-    wgmma_async(small, a, b + b_small, Operand<float>{});
+    wgmma_async(small, a + a_small, b, Operand<Elem>{});
+    wgmma_async(small, a, b + b_small, Operand<Elem>{});
     wgmma_async(acc, a, b, Operand<Elem>{});
   }
   template <int kN>
@@ -103,7 +106,14 @@ struct ThreeProducts {
 #pragma unroll
     for (int j = 0; j < kN; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[j][i] += small[j][i];
+      for (int i = 0; i < 4; ++i) acc[j][i] += unscaled_small(small[j][i]);
+  }
+  __device__ static float unscaled_small(float v) {
+    if constexpr (kSmallExp == 0) {
+      return v;
+    } else {
+      return v * (kSmallExp < 0 ? 1.f / (float)(1 << -kSmallExp) : (float)(1 << kSmallExp));
+    }
   }
   // mma.sync: one m16n8 tile's three products (a, bw: the big parts; as, bs: the small ones); at the first k-step the
   // big product's C is the bias, the small ones' zero.
@@ -137,10 +147,11 @@ struct ThreeProducts {
 #pragma unroll
       for (int nt = 0; nt < kN; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += small[mt][nt][i];
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] += unscaled_small(small[mt][nt][i]);
   }
   template <int kN>
   using WgmmaSmall = float[kN][4];
 };
+using ThreeProducts = ThreeProductsScaled<0>;  // 3xTF32: TF32 parts
 
 }  // namespace kb25

@@ -6,12 +6,10 @@
 
 namespace kb25 {
 
-// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16): no weight
-// scale, no range to guard. kRecomputesListed: the tag's kernels can recompute just the images a guarded kernel listed
-// (GuardList, Tf32RoundNearest only).
+// What every tag has whose tensor-core operands are the elements' own values, rounded (all but Tf32OnF16 and
+// Fp32OnF16x3): no weight scale, no range to guard.
 struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
-  static constexpr bool kRecomputesListed = false;
   static constexpr int kScratchBytes = 0;
   // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
   template <class E>
@@ -57,8 +55,6 @@ struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both
   using MmaElem = float;  // what the slots hold and the tensor cores multiply
   static constexpr int kMmaK = 8;
   using Multiply = OneProduct;
-  // The guard kernel of Tf32OnF16: it recomputes the images whose inputs fp16 does not hold (GuardList).
-  static constexpr bool kRecomputesListed = true;
   // tanh2 by tanhf: the SFU's tanh slowed the wgmma kernel (docs/perf-notes.md, "Epilogue and the handed write").
   static constexpr bool kTanhApprox = false;
   __device__ static float to_tensor_core(float v) { return round_to_tf32(canonical_nan(v)); }
@@ -138,9 +134,10 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range.
-  __device__ static uint32_t out_of_range(uint32_t) { return 0; }
-  static constexpr uint32_t kOutOfRange = 0;
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
+  // asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  __device__ static bool range_lists(uint32_t) { return false; }
 };
 
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
@@ -166,7 +163,6 @@ struct Tf32OnF16 {
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
   static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
   static constexpr bool kGuardsRange = true;
-  static constexpr bool kRecomputesListed = false;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
   __device__ static float param(float v) { return v; }
@@ -181,10 +177,10 @@ struct Tf32OnF16 {
     }
     return r;
   }
-  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too): OR these over a row, then test
-  // kOutOfRange. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }
-  static constexpr uint32_t kOutOfRange = 0x80008000u;
+  // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
+  // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
   // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
   template <int kThreads>
@@ -236,6 +232,84 @@ struct Tf32OnF16 {
   __device__ static __half ones(int kk) { return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f); }
   // A pixel's min back to the TF32 sums' scale (inverse: 2^-s).
   __device__ static float unscale(float m, float inverse) { return m * inverse; }
+};
+
+// Strict fp32 on the fp16 tensor cores: each operand as two fp16 parts, v = hi + lo * 2^-11 (hi = v rounded to fp16,
+// lo = the rest times 2^11, rounded to fp16: 22 significant bits), and three products, hi*hi into the accumulators,
+// hi*lo + lo*hi into an accumulator of their own that joins them times 2^-11 (ThreeProductsScaled<-11>): 3xTF32's
+// scheme at the fp16 rate. The weights are scaled by 2^s first (s puts the largest |w| or |bias| in [2^14, 2^15), so
+// that no hi rounds up past fp16's range), the accumulators start from the bias times 2^s, and the epilogue
+// multiplies each pixel's min by 2^-s, as Tf32OnF16 does. A part below fp16's normal range keeps its subnormal
+// spacing: an input is carried to within 2^-22 of its magnitude plus 2^-36.
+// The guard (GuardList): a producer thread's share of a row (its items: 4 columns x 8 channels each) that holds an
+// input fp16 does not (|hi| >= 65504, +-inf, NaN), or that is nonzero but all below fp16's normal range (2^-14: there
+// the 2^-36 would be most of what fp32 keeps), lists its image; a weight or a bias that is not finite, or a nonzero
+// weight that the scale leaves below 2^-14 (one that the parts would carry to less than 22 bits), lists every image.
+// The 3xTF32 kernel (Tf32x3) runs after this one in the same stream and recomputes the listed images.
+struct Fp32OnF16x3 {
+  using Elem = float;
+  using XElem = float;
+  using MmaElem = __half;
+  static constexpr int kMmaK = 16;
+  static constexpr int kSmallExp = -11;
+  using Multiply = ThreeProductsScaled<kSmallExp>;
+  static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as 3xTF32
+  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  static constexpr bool kGuardsRange = true;
+  static constexpr int kScratchBytes = 16;  // the largest magnitude (bits) and the flag, as Tf32OnF16's
+  __device__ static float param(float v) { return v; }
+  __device__ static void split(float v, __half& hi, __half& lo) {
+    hi = __float2half_rn(v);
+    lo = __float2half_rn((v - __half2float(hi)) * 2048.f);
+  }
+  __device__ static void split_weight(float v, __half& hi, __half& lo) { split(v, hi, lo); }
+  // Two input words into one word of their two hi parts (lo in the low half): fp16 rounded to nearest, even.
+  __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
+    uint32_t r = 0;
+    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));
+    return r;
+  }
+  // The same two words' lo parts, from their hi parts h (narrow2's word): (v - hi) * 2^11, exact in fp32, rounded to
+  // fp16.
+  __device__ static uint32_t rest2(uint32_t lo, uint32_t hi, uint32_t h) {
+    const __half2 parts = *reinterpret_cast<const __half2*>(&h);
+    const float r_lo = (__uint_as_float(lo) - __low2float(parts)) * 2048.f;
+    const float r_hi = (__uint_as_float(hi) - __high2float(parts)) * 2048.f;
+    uint32_t r = 0;
+    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));
+    return r;
+  }
+  // Over a thread's hi words: the largest magnitude of each half (bits; a NaN's is above every other).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
+  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and all below 2^-14.
+  __device__ static bool range_lists(uint32_t range) {
+    const uint32_t m = max(range & 0xFFFFu, range >> 16);
+    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
+  }
+  template <int kThreads>
+  __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                                     uint32_t* scratch) {
+    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+    __syncthreads();
+    uint32_t m = 0;
+    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(w[i]) & 0x7FFFFFFFu);
+    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
+    atomicMax(scratch, m);
+    __syncthreads();
+    return scale_of(scratch);
+  }
+  // 2^(sign * s), s = 14 - the exponent of the largest |w| or |bias|, kept within [-126, 126].
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
+    int s = 14 - ((int)(scratch[0] >> 23) - 127);
+    s = s < -126 ? -126 : s > 126 ? 126 : s;
+    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+  }
+  __device__ static float scale(float v, float scale) { return v * scale; }
+  // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
+  // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).
+  __device__ static bool inexact(float v, float scale) { return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }
+  __device__ static bool inexact_bias(float v, float) { return !isfinite(v); }
+  __device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }
 };
 
 }  // namespace kb25

@@ -82,9 +82,9 @@ struct RowProducer {
 #pragma unroll
     for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
-  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns, where x
-  // narrows, the OR of Precision::out_of_range over what it stored (0 otherwise).
-  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot) const {
+  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
+  // with, where x narrows, what it stored folded in (Precision::range_fold; unchanged otherwise).
+  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
     unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
@@ -114,27 +114,24 @@ struct RowProducer {
     } else if constexpr (kNarrows) {
       // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
       // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
+      // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
       const int r = (chunk >> 1) & 3;
       uint32_t q[4][4];  // [column][channel pair]
-      uint32_t range = 0;
 #pragma unroll
       for (int col = 0; col < 4; ++col) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
-          range |= Precision::out_of_range(q[col][k]);
+          range = Precision::range_fold(range, q[col][k]);
         }
       }
-      const bool half = r & 2, one = r & 1;
+      store_rotated(dst, q, r);
+      if constexpr (Geometry::kSplitInSlot) {
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        uint32_t v[4];
+        for (int col = 0; col < 4; ++col)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
-          v[k] = one ? h1 : h0;
-        }
-        *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+          for (int k = 0; k < 4; ++k) q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+        store_rotated(dst + Geometry::kCopyBytes, q, r);
       }
       return range;
     } else {
@@ -157,9 +154,24 @@ struct RowProducer {
       for (int jj = 0; jj < 4; ++jj)
         store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
     }
-    return 0;
+    return range;
   }
   __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+  // A narrowed 4-column piece q[column][channel pair], column c stored at ((c - r) & 3): the words rotated by r (two
+  // conditional swaps, which compile to selects).
+  __device__ static void store_rotated(unsigned char* dst, const uint32_t (&q)[4][4], int r) {
+    const bool half = r & 2, one = r & 1;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
+        v[k] = one ? h1 : h0;
+      }
+      *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
   // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
   // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
   // turn, zero past the row's end; slow, and next to no registers.
@@ -179,16 +191,16 @@ struct RowProducer {
     uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
-      if (mine(k)) range |= store_item(quieted(row.raw[k]), tid + k * kThreads, slot);
+      if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
       uint4 raw[kChannels];
       load_item(raw, kBody + tid, x_img, y, col0);
-      range |= store_item(quieted(raw), kBody + tid, slot);
+      range = store_item(quieted(raw), kBody + tid, slot, range);
     }
     return out_of_range(range);
   }
   __device__ static bool out_of_range(uint32_t range) {
-    if constexpr (kNarrows) return (range & Precision::kOutOfRange) != 0;
+    if constexpr (kNarrows) return Precision::range_lists(range);
     return false;
   }
   // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
@@ -229,8 +241,10 @@ struct RowProducer {
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
             const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
-            range |= Precision::out_of_range(h);
+            range = Precision::range_fold(range, h);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
+            if constexpr (Geometry::kSplitInSlot)
+              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)Precision::rest2(e, 0, h);
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);

@@ -101,6 +101,12 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static_assert(Producer::kRegisters + 24 <= kRegisterBudget, "register budget of a producer thread");
 };
 
+// Whether a kernel of the table is a guard (kFusedKernelGuards): with a guard buffer it computes only the images a
+// guarded kernel of its precision and MMA listed (Images). The generated table sets it for those rows alone, so the
+// kernels that guard nothing carry no code for it.
+template <class Traits>
+inline constexpr bool kRecomputesListed = false;
+
 }  // namespace kb25
 
 #include "generated/fused_table.cuh"

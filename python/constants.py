@@ -55,19 +55,21 @@ SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
 # The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
 # and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
-# (Tf32RoundNearest) for inputs beyond fp16. The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
+# (Tf32RoundNearest) for inputs beyond fp16; strict fp32 on fp16 hi/lo parts (Fp32OnF16x3, "fp16x3": three products at
+# the fp16 rate) is strict's on sm_90, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
 # the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
 PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
-                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
+                  ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("strict_fp32", "fp16x3", "fp32"): "Fp32OnF16x3",
+                  ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
                   ("fp16", "fp16", "fp16"): "Native16<__half>",
                   ("bf16", "bf16", "fp32"): "Native16FromF32<__nv_bfloat16>",
                   ("fp16", "fp16", "fp32"): "Native16FromF32<__half>"}
 # The dtype each input name stands for.
 INPUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Guarded: the kernel lists the images it cannot compute exactly and the guard kernel recomputes them. Guards: the
-# kernels that can recompute listed images.
-GUARDED_TAGS = ("Tf32OnF16",)
-GUARD_TAGS = ("Tf32RoundNearest",)
+# kernels that can recompute listed images (a guarded kernel's guard: the first of the same precision and MMA).
+GUARDED_TAGS = ("Tf32OnF16", "Fp32OnF16x3")
+GUARD_TAGS = ("Tf32RoundNearest", "Tf32x3")
 # The fused kernel's instantiations, in the order the chooser prefers them; code = position. Each row becomes a
 # `using` line of FusedTraits (csrc/generated/fused_table.cuh), an entry of the launcher table and of the
 # requirements the chooser checks (choose_fused_kernel() in csrc/launch.cu: the first row of the call's precision and
@@ -91,6 +93,8 @@ FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
     FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
+    # Strict fp32 as fp16 hi/lo parts, three products; its guard is the 3xTF32 kernel of the same MMA.
+    FusedKernel("sm90_f16x3", "wgmma", "strict_fp32", "fp16x3", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
@@ -112,6 +116,10 @@ FUSED_TABLE = (
     FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
+# The guards: the rows of a guard tag with a guarded row of the same precision and MMA (the others carry no code for
+# recomputing listed images).
+GUARD_KERNELS = tuple(k.name for k in FUSED_TABLE if k.tag in GUARD_TAGS and any(
+    g.tag in GUARDED_TAGS and (g.precision, g.mma) == (k.precision, k.mma) for g in FUSED_TABLE))
 EXTENSION_NAME = "kb25_conv_min_tanh2"
 OP_NAMESPACE = "kb25"
 OP_NAME = "conv_min_tanh2"

@@ -37,8 +37,8 @@ def node(test, key=None, shape=None):
 MUTANTS = {
     # TF32 on fp16 operands: no input is ever out of range, so nothing goes to the guard
     "carrier_guard_disabled": (
-        "__device__ static uint32_t out_of_range(uint32_t w) { return (w & 0x7FFF7FFFu) + 0x04010401u; }",
-        "__device__ static uint32_t out_of_range(uint32_t w) { return 0u * w; }",
+        "__device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }",
+        "__device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return 0u * (range | w); }",
         ["test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm90_tf32_f16]",
          "test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm80_tf32_f16]",
          "test_guard_runs_in_one_stream_under_cuda_graphs"],
@@ -140,8 +140,8 @@ MUTANTS = {
     ),
     # the late item (the chunk past a 256-column tile) skips the NaN check: its NaNs take the fast rounding
     "late_item_skips_the_nan_check": (
-        "store_item(quieted(raw), kBody + tid, slot);",
-        "store_item(raw, kBody + tid, slot);",
+        "store_item(quieted(raw), kBody + tid, slot, range);",
+        "store_item(raw, kBody + tid, slot, range);",
         [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32", shape="late_item"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32", shape="late_item")],
     ),
@@ -203,10 +203,50 @@ MUTANTS = {
     ),
     # strict fp32 without the small products: plain TF32 (big * big), ~1e-4 from the strict reference
     "strict_drops_small_products": (
-        """    wgmma_async(small, a + a_small, b, Operand<float>{});
-    wgmma_async(small, a, b + b_small, Operand<float>{});""",
+        """    wgmma_async(small, a + a_small, b, Operand<Elem>{});
+    wgmma_async(small, a, b + b_small, Operand<Elem>{});""",
         "",
-        ["test_other_precisions_full_size[strict_fp32]"],
+        ["test_other_precisions_full_size[strict_fp32]", node("test_edge_shapes", "kernel-sm90_tf32x3", "2x16x67x67")],
+    ),
+    # strict fp32 on fp16 parts: no input is ever listed, so infinities, NaN and values beyond fp16 take the fp16 path
+    "strict_f16_guard_disabled": (
+        "    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);",
+        "    return 0u * m != 0u;",
+        ["test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm90_f16x3]",
+         "test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-subnormal]"],
+    ),
+    # strict fp32 on fp16 parts: inputs all below fp16's normal range are not listed (their 2^-36 steps stay)
+    "strict_f16_keeps_subnormal_rows": (
+        "    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);",
+        "    return m >= 0x7BFFu;",
+        ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-subnormal]"],
+    ),
+    # strict fp32 on fp16 parts: the lo parts' 2^11 is not undone (their products count 2048 times)
+    "strict_f16_small_not_unscaled": (
+        "      return v * (kSmallExp < 0 ? 1.f / (float)(1 << -kSmallExp) : (float)(1 << kSmallExp));",
+        "      return v;",
+        ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]",
+         node("test_edge_shapes", "kernel-sm90_f16x3", "2x16x67x67")],
+    ),
+    # strict fp32 on fp16 parts: the inputs' lo parts truncated instead of rounded (fp16 rz): 21 bits, not 22
+    "strict_f16_lo_truncated": (
+        '    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));',
+        '    if constexpr (kHasFused) asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));',
+        ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-normal]",
+         "test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]"],
+    ),
+    # strict fp32 on fp16 parts: the weights' scale stays in the output
+    "strict_f16_scale_not_undone": (
+        "__device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }",
+        "__device__ static float unscale(float m, float inverse_scale) { return m; }",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_f16x3-tiny]",
+         "test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]"],
+    ),
+    # strict fp32 on fp16 parts: weights far below the largest are carried as fp16 subnormals, not listed
+    "strict_f16_keeps_weights_it_cannot_carry": (
+        "return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }",
+        "return !isfinite(v); }",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_f16x3-wide]"],
     ),
     # the 16-bit transpose writes the two columns of a pair swapped: every bf16/fp16 pixel pair comes out exchanged
     "transpose_swaps_columns": (

@@ -12,7 +12,8 @@ Backends (ModelNew.backend, or the `backend=` keyword):
                     channels, tanh, tanh in fp32, one rounding to the output dtype; the activation never reaches
                     memory. 16->64 channels, 3x3, batched CUDA input, any sm_80+ GPU (wgmma on sm_90, mma.sync on
                     the others). The precision follows the reference's: float32 with TF32 convs allowed -> TF32 with
-                    operands rounded to nearest, as cuDNN does; float32 without TF32 -> 3xTF32, accurate to fp32;
+                    operands rounded to nearest, as cuDNN does; float32 without TF32 -> three products of two-part
+                    operands (fp16 hi/lo parts on sm_90, else 3xTF32), accurate to fp32;
                     bfloat16 / float16 -> that type on the tensor cores, fp32 accumulation. FUSED_TABLE lists the
                     instantiations in the chooser's order; ModelNew.fused_kernel(x) says which one a call runs.
   "fused_mma_sync"  the mma.sync kernel of the call's precision, on any sm_80+ GPU (the H200 included).
@@ -958,6 +959,29 @@ struct Native16FromF32 : Native16<Elem_> {
   __device__ static bool range_lists(uint32_t) { return false; }
 };
 
+// The weights' scale of the tags on fp16 operands (Tf32OnF16, Fp32OnF16x3). All of the CTA's threads: the largest of
+// the |as_multiplied(w)| over `count` weights and the |bias| over `biases` (bits) into scratch[0], scratch[1] cleared
+// (the flag that inexact() weights and biases raise).
+template <int kThreads, class AsMultiplied>
+__device__ void find_largest(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
+                             uint32_t* scratch, const AsMultiplied& as_multiplied) {
+  if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
+  __syncthreads();
+  uint32_t m = 0;
+  for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(as_multiplied(w[i])) & 0x7FFFFFFFu);
+  if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
+  atomicMax(scratch, m);
+  __syncthreads();
+}
+// 2^(sign * s), s = kTop - the exponent of that largest magnitude, kept within [-126, 126] (2^s and 2^-s normal
+// floats): the scale (sign 1) or its inverse (-1). The largest then lies in [2^kTop, 2^(kTop + 1)).
+template <int kTop>
+__device__ float pow2_scale(const uint32_t* scratch, int sign) {
+  int s = kTop - ((int)(scratch[0] >> 23) - 127);
+  s = s < -126 ? -126 : s > 126 ? 126 : s;
+  return __uint_as_float((uint32_t)(127 + sign * s) << 23);
+}
+
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
 // 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
 // reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
@@ -999,27 +1023,15 @@ struct Tf32OnF16 {
   // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
   __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
   __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
-  // All of the CTA's threads: the largest of the |tf32(w)| over `count` weights and the |bias| over `biases` into
-  // scratch[0], scratch[1] cleared (the flag inexact() weights and biases raise), then 2^s.
+  // The largest of the |tf32(w)| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
   __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
                                      uint32_t* scratch) {
-    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
-    __syncthreads();
-    uint32_t m = 0;
-    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(round_to_tf32(w[i])) & 0x7FFFFFFFu);
-    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
-    atomicMax(scratch, m);
-    __syncthreads();
+    find_largest<kThreads>(w, count, b, biases, scratch, [](float v) { return round_to_tf32(v); });
     return scale_of(scratch);
   }
-  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)|, kept within [-126, 126] (2^s and 2^-s normal
-  // floats): the scale (sign 1) or its inverse (-1).
-  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
-    int s = 15 - ((int)(scratch[0] >> 23) - 127);
-    s = s < -126 ? -126 : s > 126 ? 126 : s;
-    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
-  }
+  // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)| (pow2_scale).
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) { return pow2_scale<15>(scratch, sign); }
   __device__ static float scale(float v, float scale) { return v * scale; }
   // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
   // TF32 and scaled. Either lists every image.
@@ -1104,24 +1116,15 @@ struct Fp32OnF16x3 {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
     return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
   }
+  // The largest of the |w| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
   __device__ static float find_scale(const float* __restrict__ w, int count, const float* __restrict__ b, int biases,
                                      uint32_t* scratch) {
-    if (threadIdx.x == 0) scratch[0] = scratch[1] = 0;
-    __syncthreads();
-    uint32_t m = 0;
-    for (int i = threadIdx.x; i < count; i += kThreads) m = max(m, __float_as_uint(w[i]) & 0x7FFFFFFFu);
-    if (threadIdx.x < biases) m = max(m, __float_as_uint(b[threadIdx.x]) & 0x7FFFFFFFu);
-    atomicMax(scratch, m);
-    __syncthreads();
+    find_largest<kThreads>(w, count, b, biases, scratch, [](float v) { return v; });
     return scale_of(scratch);
   }
-  // 2^(sign * s), s = 14 - the exponent of the largest |w| or |bias|, kept within [-126, 126].
-  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) {
-    int s = 14 - ((int)(scratch[0] >> 23) - 127);
-    s = s < -126 ? -126 : s > 126 ? 126 : s;
-    return __uint_as_float((uint32_t)(127 + sign * s) << 23);
-  }
+  // 2^(sign * s), s = 14 - the exponent of the largest |w| or |bias| (pow2_scale).
+  __device__ static float scale_of(const uint32_t* scratch, int sign = 1) { return pow2_scale<14>(scratch, sign); }
   __device__ static float scale(float v, float scale) { return v * scale; }
   // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
   // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).

@@ -12,7 +12,8 @@ Backends (ModelNew.backend, or the `backend=` keyword):
                     channels, tanh, tanh in fp32, one rounding to the output dtype; the activation never reaches
                     memory. 16->64 channels, 3x3, batched CUDA input, any sm_80+ GPU (wgmma on sm_90, mma.sync on
                     the others). The precision follows the reference's: float32 with TF32 convs allowed -> TF32 with
-                    operands rounded to nearest, as cuDNN does; float32 without TF32 -> 3xTF32, accurate to fp32;
+                    operands rounded to nearest, as cuDNN does; float32 without TF32 -> three products of two-part
+                    operands (fp16 hi/lo parts on sm_90, else 3xTF32), accurate to fp32;
                     bfloat16 / float16 -> that type on the tensor cores, fp32 accumulation. FUSED_TABLE lists the
                     instantiations in the chooser's order; ModelNew.fused_kernel(x) says which one a call runs.
   "fused_mma_sync"  the mma.sync kernel of the call's precision, on any sm_80+ GPU (the H200 included).

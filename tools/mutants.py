@@ -228,13 +228,6 @@ MUTANTS = {
         ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]",
          node("test_edge_shapes", "kernel-sm90_f16x3", "2x16x67x67")],
     ),
-    # strict fp32 on fp16 parts: the inputs' lo parts truncated instead of rounded (fp16 rz): 21 bits, not 22
-    "strict_f16_lo_truncated": (
-        '    if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));',
-        '    if constexpr (kHasFused) asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));',
-        ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-normal]",
-         "test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]"],
-    ),
     # strict fp32 on fp16 parts: the weights' scale stays in the output
     "strict_f16_scale_not_undone": (
         "__device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }",

@@ -188,16 +188,20 @@ def render_speed_of_light(result):
                      f"{_fmt(None if fraction is None else 100 * fraction, '.0f', '%')} | {used} |")
 
     _, _, strict = _times(result, "strict_fp32")
-    tf32_rate = _get(rates, "tf32")
-    if strict and tf32_rate:
-        tf32_work = 3 * flop
-        lines += ["", f"Strict fp32 runs as 3xTF32 on the tensor cores: three TF32 products per multiply-add, "
-                      f"{tf32_work / 1e9:.1f} GFLOP of TF32 MMAs, {tf32_work / 1e12 / (strict * 1e-3):.0f} TFLOP/s, "
-                      f"{100 * tf32_work / 1e12 / (strict * 1e-3) / tf32_rate[0]:.0f}% of the rate cuBLAS reaches in "
-                      f"TF32 "
+    # Strict fp32 as three tensor-core products: on fp16 hi/lo parts (the *_f16x3 kernels) or on TF32 parts (3xTF32).
+    on_f16 = "f16x3" in str(_get(result, "modes", "strict_fp32", "fused_kernel") or "")
+    parts_rate = _get(rates, "bf16" if on_f16 else "tf32")
+    if strict and parts_rate:
+        work = 3 * flop
+        parts, mma, gemm = ("fp16 hi/lo parts", "fp16", "bf16") if on_f16 else ("3xTF32", "TF32", "TF32")
+        lines += ["", f"Strict fp32 runs as {parts} on the tensor cores: three {mma} products per multiply-add, "
+                      f"{work / 1e9:.1f} GFLOP of {mma} MMAs, {work / 1e12 / (strict * 1e-3):.0f} TFLOP/s, "
+                      f"{100 * work / 1e12 / (strict * 1e-3) / parts_rate[0]:.0f}% of the rate cuBLAS reaches in "
+                      f"{gemm} "
                       f"(a measured rate, below the tensor cores' peak); it passes the strict fp32 GEMM rate "
                       f"because that GEMM runs on the FMA units."]
 
+    tf32_rate = _get(rates, "tf32")
     eager = _num(_get(result, "ms", "eager"))
     activation = n * OUT_CHANNELS * oh * ow * 4
     if eager is not None:

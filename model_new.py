@@ -1702,7 +1702,7 @@ __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 //   is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. gm's factor
 //   (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 = tanh(m) is 1 or at least 2^-24 below it), so
 //   the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of that largest |g| is lost (as in any fp32
-//   sum that holds the largest). The scale stays within [-126, 127]: a largest |g| up to fp32's largest fits.
+//   sum that holds the largest). The scale stays within [-126, 126]: a largest |g| up to fp32's largest fits, and 2^-scale is a normal float.
 // - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
 //   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
 // Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
@@ -1733,7 +1733,7 @@ struct GradWeightMma : GradGeometry {
   __device__ static int tile_offset(int chunk, int block, int r, int col) {
     return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
   }
-  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 127
+  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
   static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
   static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
 };
@@ -2460,7 +2460,7 @@ struct WgmmaMainloop {
   static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
   static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(MmaElem),
                 "a dense ones tile's room");
-  // After the weights, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  // After the weights, the precision's scratch words (Tf32OnF16, Fp32OnF16x3: the weights' scale and the guard's flag).
   static constexpr int kScratchOffset = Multiply::kCopies * kWeightBytes + kOnesBytes;
   static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   static constexpr int kRegisters = Multiply::kCopies * kNBlocks * 4;
@@ -2495,8 +2495,8 @@ struct WgmmaMainloop {
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
-  // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
-  // exactly (UnscaledOperands: scale 1, nothing to raise).
+  // Tf32OnF16 and Fp32OnF16x3 first find the scale of the weights and the bias, and raise their scratch flag where a
+  // weight or the bias does not carry (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
                                       const ParamElem* __restrict__ b) {
@@ -3526,10 +3526,10 @@ inline constexpr bool kRecomputesListed<Sm80Tf3299k> = true;
 
 namespace kb25 {
 
-// The images a kernel computes, and Tf32OnF16's guard list. guard: [0] how many images are listed, [1, 1 + N) their
+// The images a kernel computes, and a guarded kernel's list (Tf32OnF16, Fp32OnF16x3). guard: [0] how many images are listed, [1, 1 + N) their
 // indices, [1 + N, 1 + 2N) a flag per image (the launcher zeroes [0] and the flags). A carrier (kGuardsRange) lists
-// the image of every row it stores with an input that fp16 does not hold, each image once, or every image where the
-// weights or the bias do not carry; the TF32 kernel launched after it (kRecomputesListed) computes just the listed
+// the image of every row it stores with an input that its fp16 operands do not carry, each image once, or every image
+// where the weights or the bias do not; its guard launched after it (kRecomputesListed<Traits>) computes just the listed
 // images, the i-th step range's image being listed[i]: the same kernel, on a batch of the listed images. Without a
 // guard every image is computed, n being itself.
 struct Images {
@@ -4070,12 +4070,16 @@ static constexpr FusedLauncher kFusedLaunchers[] = {
 };
 static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
 
+// The first kernel of the table for this precision and input that the GPU can launch, and, where it is guarded, whose
+// guard it can launch too (an emulated sm_90 with less shared memory than the guard needs takes the next row).
 extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only) {
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
     if (kb25::kFusedKernelPrecision[k] != precision || kb25::kFusedKernelInput[k] != input ||
         (mma_sync_only && kFusedRequirements[k].wgmma))
       continue;
-    if (can_implement(kFusedRequirements[k], device)) return k;
+    if (can_implement(kFusedRequirements[k], device) &&
+        (!kb25::kFusedKernelGuarded[k] || choose_guard_kernel(k, device) >= 0))
+      return k;
   }
   return -1;
 }
@@ -4452,7 +4456,7 @@ bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // The precision in which the reference computes a conv of this dtype (its index in PRECISIONS), or -1 where no fused
-// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32.
 int precision_of(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
@@ -4603,8 +4607,8 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in its precision's dtype (x's, but where it rounds x). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
-// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
-// operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
+// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (fp32 x on fp16
+// operands: Tf32OnF16, Fp32OnF16x3) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
 // after it in the same stream, recomputes them (with none listed it returns at once; -1: not launched, for the
 // tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(
@@ -5271,7 +5275,7 @@ def fused_kernel_launches(name):
 def run_fused_kernel(x, weight, bias, name):
     """Run one named fused kernel (tests and benchmarks): it must compute the weights' precision, take x's dtype (its
     input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
-    kernel (TF32 on fp16 operands) runs with its guard."""
+    kernel (fp32 x on fp16 operands: TF32, strict) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
 
 

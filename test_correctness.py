@@ -975,20 +975,28 @@ def _instantiation(mangled):
 # The shared memory one block may opt in to, by arch (CUDA programming guide, compute capabilities table).
 SMEM_OPTIN_BY_ARCH = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
                       90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
+# Emulated sm_90 GPUs with less shared memory a block than an H100 (emulate_device may narrow it): between the guarded
+# kernels' needs and their guards' (sm90_f16x3 121,488 B, sm90_tf32x3 225,920 B), and below both.
+SM90_SMEM_SWEEP = [99 * 1024, 130 * 1024, 200 * 1024, 225 * 1024]
+
+
 def test_chooser_picks_only_kernels_each_arch_can_launch():
     """The chooser (choose_fused_kernel, host code of the CUDA source) asked for every arch, precision, input dtype and
     backend: what it picks fits that arch's shared memory, is a wgmma kernel only on sm_90 with sm_90a code, is
     nothing below sm_80 and nothing for a (precision, input) that no row has, and exists for every (precision, input)
-    of the table on every sm_80+ arch (fused everywhere from sm_80, autocast's float32 input included)."""
-    sms = sorted(SMEM_OPTIN_BY_ARCH)
+    of the table on every sm_80+ arch (fused everywhere from sm_80, autocast's float32 input included). A guarded
+    kernel is picked only with a guard of its precision and MMA that fits too, also on sm_90 GPUs with less shared
+    memory than the guard needs."""
+    archs = sorted(SMEM_OPTIN_BY_ARCH.items()) + [(90, smem) for smem in SM90_SMEM_SWEEP]
     dtypes = model_new.SUPPORTED_DTYPES
-    stdin = f"{len(model_new.PRECISIONS)} {len(dtypes)}\n" + "".join(f"{sm} {SMEM_OPTIN_BY_ARCH[sm]}\n" for sm in sms)
+    stdin = f"{len(model_new.PRECISIONS)} {len(dtypes)}\n" + "".join(f"{sm} {smem}\n" for sm, smem in archs)
     out = _host_program("chooser", input=stdin).split("\n")
     rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
-    assert len(rows) == len(sms) * 2 * len(model_new.PRECISIONS) * len(dtypes) * 2
+    assert len(rows) == len(archs) * 2 * len(model_new.PRECISIONS) * len(dtypes) * 2
+    optins = [smem for _, smem in archs for _ in range(2 * len(model_new.PRECISIONS) * len(dtypes) * 2)]
     pairs = {(k.precision, model_new.INPUT_DTYPES[k.input]) for k in model_new.FUSED_TABLE}
-    for sm, wgmma_built, precision, input_code, mma_sync_only, kernel, smem in rows:
-        where = (sm, wgmma_built, model_new.PRECISIONS[precision], dtypes[input_code], mma_sync_only)
+    for (sm, wgmma_built, precision, input_code, mma_sync_only, kernel, smem, guard, guard_smem), optin in zip(rows, optins):
+        where = (sm, optin, wgmma_built, model_new.PRECISIONS[precision], dtypes[input_code], mma_sync_only)
         if sm < 80 or (model_new.PRECISIONS[precision], dtypes[input_code]) not in pairs:
             assert kernel == -1, where
             continue
@@ -996,8 +1004,19 @@ def test_chooser_picks_only_kernels_each_arch_can_launch():
         row = model_new.FUSED_TABLE[kernel]
         assert row.precision == model_new.PRECISIONS[precision], (where, row)
         assert model_new.INPUT_DTYPES[row.input] == dtypes[input_code], (where, row)
-        assert 0 < smem <= SMEM_OPTIN_BY_ARCH[sm], (where, row, smem)
-        assert row.mma == ("wgmma" if sm == 90 and wgmma_built and not mma_sync_only else "mma_sync"), (where, row)
+        assert 0 < smem <= optin, (where, row, smem)
+        wgmma_here = sm == 90 and wgmma_built and not mma_sync_only
+        assert row.mma == "mma_sync" or wgmma_here, (where, row)
+        if optin == SMEM_OPTIN_BY_ARCH[sm]:  # the GPUs as they are: wgmma wherever it can run
+            assert row.mma == ("wgmma" if wgmma_here else "mma_sync"), (where, row)
+        if row.tag in model_new.GUARDED_TAGS:
+            assert guard >= 0, f"{row.name} picked without a guard for {where}"
+            guard_row = model_new.FUSED_TABLE[guard]
+            assert guard_row.name in model_new.GUARD_KERNELS and (guard_row.precision, guard_row.mma) == \
+                (row.precision, row.mma), (where, row, guard_row)
+            assert 0 < guard_smem <= optin, (where, guard_row, guard_smem)
+        else:
+            assert guard == -1, (where, row, guard)
 
 
 def test_argmin_order_is_torch_mins_in_any_fold_order():

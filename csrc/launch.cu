@@ -113,12 +113,16 @@ static constexpr FusedLauncher kFusedLaunchers[] = {
 };
 static_assert(sizeof(kFusedLaunchers) / sizeof(kFusedLaunchers[0]) == kb25::kFusedKernelCount, "one per kernel");
 
+// The first kernel of the table for this precision and input that the GPU can launch, and, where it is guarded, whose
+// guard it can launch too (an emulated sm_90 with less shared memory than the guard needs takes the next row).
 extern "C" int choose_fused_kernel(int precision, int input, kb25::DeviceProfile device, bool mma_sync_only) {
   for (int k = 0; k < kb25::kFusedKernelCount; ++k) {
     if (kb25::kFusedKernelPrecision[k] != precision || kb25::kFusedKernelInput[k] != input ||
         (mma_sync_only && kFusedRequirements[k].wgmma))
       continue;
-    if (can_implement(kFusedRequirements[k], device)) return k;
+    if (can_implement(kFusedRequirements[k], device) &&
+        (!kb25::kFusedKernelGuarded[k] || choose_guard_kernel(k, device) >= 0))
+      return k;
   }
   return -1;
 }

@@ -502,7 +502,7 @@ __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 //   is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. gm's factor
 //   (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 = tanh(m) is 1 or at least 2^-24 below it), so
 //   the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of that largest |g| is lost (as in any fp32
-//   sum that holds the largest). The scale stays within [-126, 127]: a largest |g| up to fp32's largest fits.
+//   sum that holds the largest). The scale stays within [-126, 126]: a largest |g| up to fp32's largest fits, and 2^-scale is a normal float.
 // - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
 //   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
 // Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
@@ -533,7 +533,7 @@ struct GradWeightMma : GradGeometry {
   __device__ static int tile_offset(int chunk, int block, int r, int col) {
     return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
   }
-  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 127
+  __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
   static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
   static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
 };

@@ -5,10 +5,10 @@
 
 namespace kb25 {
 
-// The images a kernel computes, and Tf32OnF16's guard list. guard: [0] how many images are listed, [1, 1 + N) their
+// The images a kernel computes, and a guarded kernel's list (Tf32OnF16, Fp32OnF16x3). guard: [0] how many images are listed, [1, 1 + N) their
 // indices, [1 + N, 1 + 2N) a flag per image (the launcher zeroes [0] and the flags). A carrier (kGuardsRange) lists
-// the image of every row it stores with an input that fp16 does not hold, each image once, or every image where the
-// weights or the bias do not carry; the TF32 kernel launched after it (kRecomputesListed) computes just the listed
+// the image of every row it stores with an input that its fp16 operands do not carry, each image once, or every image
+// where the weights or the bias do not; its guard launched after it (kRecomputesListed<Traits>) computes just the listed
 // images, the i-th step range's image being listed[i]: the same kernel, on a batch of the listed images. Without a
 // guard every image is computed, n being itself.
 struct Images {

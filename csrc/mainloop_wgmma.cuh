@@ -83,7 +83,7 @@ struct WgmmaMainloop {
   static_assert(kOnesBytes % 128 == 0, "the weights 128-byte aligned after the ones");
   static_assert(!kBiasByMma || kWeightBytes + kOnesBytes >= Geometry::kTileCols * Geometry::kMmaK * (int)sizeof(MmaElem),
                 "a dense ones tile's room");
-  // After the weights, the precision's scratch words (Tf32OnF16: the weights' scale and the guard's flag).
+  // After the weights, the precision's scratch words (Tf32OnF16, Fp32OnF16x3: the weights' scale and the guard's flag).
   static constexpr int kScratchOffset = Multiply::kCopies * kWeightBytes + kOnesBytes;
   static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
   static constexpr int kRegisters = Multiply::kCopies * kNBlocks * 4;
@@ -118,8 +118,8 @@ struct WgmmaMainloop {
   }
   // The weights (and for kBiasByMma the bias k-step's A and the ones), written by all of the CTA's threads before
   // they split into roles.
-  // Tf32OnF16 first finds the scale of the weights and the bias, and raises its scratch flag where a weight or the bias does not carry
-  // exactly (UnscaledOperands: scale 1, nothing to raise).
+  // Tf32OnF16 and Fp32OnF16x3 first find the scale of the weights and the bias, and raise their scratch flag where a
+  // weight or the bias does not carry (UnscaledOperands: scale 1, nothing to raise).
   template <int kThreads>
   __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
                                       const ParamElem* __restrict__ b) {

@@ -106,7 +106,7 @@ bool fused_shape(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // The precision in which the reference computes a conv of this dtype (its index in PRECISIONS), or -1 where no fused
-// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32 (3xTF32).
+// kernel has it. float32 follows the reference conv: TF32 when it would run in TF32, else strict fp32.
 int precision_of(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat: return conv_runs_in_tf32() ? kb25::kPrecisionTf32 : kb25::kPrecisionStrictFp32;
@@ -257,8 +257,8 @@ int64_t fused_kernel(const at::Tensor& x, const at::Tensor& weight, int64_t back
 
 // (N, 16, H, W) -> (N, 1, H-2, W-2) in one kernel, in its precision's dtype (x's, but where it rounds x). With `save`, the kernel also writes
 // each output pixel's argmin channel (uint8) and its min before the tanhs (float32), for the backward; else those
-// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (TF32 on fp16
-// operands) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
+// two come back undefined (nothing allocated: the inference call's host time). A guarded kernel (fp32 x on fp16
+// operands: Tf32OnF16, Fp32OnF16x3) lists the images it cannot compute exactly in a guard buffer, and its guard kernel `guard`, launched
 // after it in the same stream, recomputes them (with none listed it returns at once; -1: not launched, for the
 // tests). The buffer comes back as the fourth tensor (undefined for an unguarded kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tanh2_guarded(

@@ -431,7 +431,7 @@ def fused_kernel_launches(name):
 def run_fused_kernel(x, weight, bias, name):
     """Run one named fused kernel (tests and benchmarks): it must compute the weights' precision, take x's dtype (its
     input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
-    kernel (TF32 on fp16 operands) runs with its guard."""
+    kernel (fp32 x on fp16 operands: TF32, strict) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
 
 

@@ -3,13 +3,15 @@
 // N = 16 tiles, V_xi (16 channels x 16 tiles, 512 B a point) as B from shared memory, one m64n16k16 a point with
 // scale-d 0 (K = 16: each accumulator takes one MMA a step), 128 accumulator registers a thread.
 // Two consumer warpgroups a CTA, one CTA a SM, each warpgroup its share of the full problem's 129,032 steps of 16
-// tiles (64 output pixels); no producer: V stays in shared memory (the input transform is priced by
-// winograd_rate.cu). Per step and warpgroup:
+// tiles (64 output pixels); no producer. Per step and warpgroup:
 // - kMmaOnly: the 16 MMAs (accumulating across steps, scale-d 1), committed and waited for;
 // - kFull: the 16 MMAs (the bias as the accumulators of (1, 1), which A^T . A adds to all four outputs), then the
 //   output transform A^T M A in fp32 (24 adds a channel and tile: 8 pairs a thread), the min over the thread's 2
 //   channels, a 3-step halving butterfly over the 8 lane groups, 2 partial minima a lane into shared memory, a named
-//   barrier, the min over the 4 warps, tanh.approx twice and a store.
+//   barrier, the min over the 4 warps, tanh.approx twice and a store;
+// - kFullInput: kFull, and each thread first transforms its share of the next step's V (one tile and channel pair:
+//   its 4x4 patch by 4 LDS.128, B^T d B by 32 add/sub.bf16x2, 16 STS.32), a fence to the async proxy before the
+//   barrier that precedes the next step's MMAs (otherwise V stays as staged).
 // The two warpgroups are not made to take turns: each runs its steps, so one's transform can overlap the other's MMAs.
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/winograd_wgmma_rate.cu -o winograd_wgmma_rate
@@ -18,10 +20,11 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-enum Kind { kMmaOnly, kFull };
+enum Kind { kMmaOnly, kFull, kFullInput };
 constexpr int kConsumers = 2, kSteps = 129032;
-constexpr int kVBytes = 16 * 512, kPartBytes = 2 * 4 * 64 * 4;  // per consumer: V (16 points), partial minima x 2
-constexpr int kConsumerBytes = kVBytes + kPartBytes;
+// Per consumer: V (16 points of 512 B) twice, the patches the input transform reads, the partial minima twice.
+constexpr int kVBytes = 16 * 512, kXBytes = 8192, kPartBytes = 2 * 4 * 64 * 4;
+constexpr int kConsumerBytes = 2 * kVBytes + kXBytes + kPartBytes;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // No-swizzle K-major descriptor: k_bytes between the two 8-channel core matrices along K, mn_bytes between 8-tile
@@ -36,6 +39,36 @@ __device__ __forceinline__ void wgmma(float (&d)[8], const uint32_t (&a)[4], uin
                "{%8, %9, %10, %11}, %12, %13, 1, 1, 0;\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kScaleD));
+}
+__device__ __forceinline__ uint32_t badd(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t bsub(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// B^T d B of one 4x4 patch of a channel pair (bf16x2 words), stored as point xi's word of (tile, pair) in the V buffer
+// at vbuf: [k group = pair / 4][tile][8 channels], 512 B a point.
+__device__ __forceinline__ void input_transform(const uint32_t (&d)[16], unsigned char* vbuf, int tile, int pair) {
+  uint32_t t[16];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    t[0 * 4 + j] = bsub(d[0 * 4 + j], d[2 * 4 + j]);
+    t[1 * 4 + j] = badd(d[1 * 4 + j], d[2 * 4 + j]);
+    t[2 * 4 + j] = bsub(d[2 * 4 + j], d[1 * 4 + j]);
+    t[3 * 4 + j] = bsub(d[1 * 4 + j], d[3 * 4 + j]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v[4] = {bsub(t[i * 4 + 0], t[i * 4 + 2]), badd(t[i * 4 + 1], t[i * 4 + 2]),
+                           bsub(t[i * 4 + 2], t[i * 4 + 1]), bsub(t[i * 4 + 1], t[i * 4 + 3])};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<uint32_t*>(vbuf + (i * 4 + j) * 512 + (pair >> 2) * 256 + tile * 16 + (pair & 3) * 4) = v[j];
+  }
 }
 __device__ __forceinline__ float nan_min(float a, float b) {
   float r;
@@ -74,7 +107,8 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int 
   extern __shared__ __align__(128) unsigned char smem[];
   const int consumer = threadIdx.x >> 7, ctid = threadIdx.x & 127, warp = ctid >> 5, lane = ctid & 31;
   unsigned char* const csm = smem + consumer * kConsumerBytes;
-  float* const part = reinterpret_cast<float*>(csm + kVBytes);
+  unsigned char* const xbuf = csm + 2 * kVBytes;
+  float* const part = reinterpret_cast<float*>(xbuf + kXBytes);
   for (int i = threadIdx.x; i < kConsumers * kConsumerBytes / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ ((i * 2654435761u) & 0x003f003fu);  // small bf16 pairs
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -94,7 +128,18 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int 
   const uint32_t vbase = smem_u32(csm);
   float* const dst = out + (blockIdx.x * kConsumers + consumer) * 64;
   for (int s = 0; s < steps; ++s) {
-    if constexpr (kKind == kFull) {
+    const uint32_t vcur = vbase + (kKind == kFullInput ? (s & 1) * kVBytes : 0);
+    if constexpr (kKind == kFullInput) {
+      uint32_t d[16];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)  // [q][the warpgroup's 128 threads]: a warp reads 512 contiguous bytes
+        asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(d[q * 4 + 0]), "=r"(d[q * 4 + 1]), "=r"(d[q * 4 + 2]), "=r"(d[q * 4 + 3])
+                     : "r"(smem_u32(xbuf) + (q * 128 + ctid) * 16));
+      input_transform(d, csm + ((s + 1) & 1) * kVBytes, ctid >> 3, ctid & 7);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    if constexpr (kKind != kMmaOnly) {
       // The bias: the accumulators of point (1, 1), rows g (elements 0, 1, 4, 5) and g + 8 (2, 3, 6, 7).
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[5][i] = (i & 2) ? bias_hi : bias_lo;
@@ -102,7 +147,7 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int 
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
     for (int xi = 0; xi < 16; ++xi) {
-      const uint64_t b = desc(vbase + xi * 512, 256, 128);  // [k group][16 tiles][8 channels]
+      const uint64_t b = desc(vcur + xi * 512, 256, 128);  // [k group][16 tiles][8 channels]
       if (kKind == kMmaOnly || xi == 5) {
         wgmma<1>(acc[xi], a[xi], b);
       } else {
@@ -112,7 +157,7 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int 
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     pin(acc);
-    if constexpr (kKind == kFull) {
+    if constexpr (kKind != kMmaOnly) {
       // Lane (g, t) holds channels g, g + 8 (of the warp's 16) x tiles 2t, 2t + 1, 2t + 8, 2t + 9: element
       // 4 j + 2 h + c is channel g + 8 h, tile 8 j + 2 t + c. The min over its two channels of each tile's 4 outputs.
       float mn[16];  // [tile (j, c)][output]
@@ -204,6 +249,7 @@ int main() {
   for (int rep = 0; rep < 2; ++rep) {
     run<kMmaOnly>("mma only", out, sms);
     run<kFull>("full", out, sms);
+    run<kFullInput>("+ input", out, sms);
   }
   return 0;
 }

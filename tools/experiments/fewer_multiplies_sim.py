@@ -116,17 +116,20 @@ def strict_f22(x, w, b, one_accumulator):
 
     uh, ul = split(u, scale)
     outs = []
+    def b_rows(t):  # B^T t over dim -2
+        r = [t[..., k, :] for k in range(4)]
+        return torch.stack([r[0] - r[2], r[1] + r[2], r[2] - r[1], r[1] - r[3]], -2)
+
+    def prod(p, q):  # exact: 22-bit products, 16 terms
+        return torch.einsum("ctuij,kcij->ktuij", p, q)
+
+    c = torch.zeros(1, 1, 1, 4, 4, dtype=torch.float64)
+    c[..., 1, 1] = 1.0
+    bias = (bf.double() * scale)[:, None, None, None, None] * c  # at point (1, 1): A^T . A adds it to all 4 outputs
     for n in range(x.shape[0]):
         d = xf[n].unfold(1, 4, 2).unfold(2, 4, 2)  # C ty tx 4 4 (rows i, columns j)
-        def b_rows(t):  # B^T t over dim -2
-            r = [t[..., k, :] for k in range(4)]
-            return torch.stack([r[0] - r[2], r[1] + r[2], r[2] - r[1], r[1] - r[3]], -2)
         v = b_rows(b_rows(d).transpose(-1, -2)).transpose(-1, -2)
         vh, vl = split(v, 1.0)
-        prod = lambda p, q: torch.einsum("ctuij,kcij->ktuij", p, q)  # exact: 22-bit products, 16 terms
-        c = torch.zeros(1, 1, 1, 4, 4, dtype=torch.float64)
-        c[..., 1, 1] = 1.0
-        bias = (bf.double() * scale)[:, None, None, None, None] * c
         big = prod(vh, uh)
         if one_accumulator:
             m = (big + bias).to(f32)

@@ -17,9 +17,9 @@
 // 254 x 254 outputs), so the time printed is the whole problem's at this rate.
 //
 //     nvcc -O3 -arch=sm_90a tools/experiments/winograd_rate.cu -o winograd_rate && ./winograd_rate
-#include <cstdint>
 #include <cstdio>
-#include <cuda_runtime.h>
+
+#include "winograd_step.cuh"
 
 enum Kind { kMmaOnly, kNoInput, kFull };
 constexpr int kGroups = 2, kWarps = 4 * kGroups, kSteps = 129032;
@@ -28,7 +28,6 @@ constexpr int kGroups = 2, kWarps = 4 * kGroups, kSteps = 129032;
 constexpr int kVBytes = 16 * 512, kXBytes = 8192, kPartBytes = 4 * 64 * 4;
 constexpr int kGroupBytes = 2 * kVBytes + kXBytes + 2 * kPartBytes;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mma_acc(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -39,64 +38,18 @@ __device__ __forceinline__ void mma_c(float (&d)[4], const uint32_t (&a)[4], con
                : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c0), "f"(c1));
 }
-__device__ __forceinline__ uint32_t badd(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t bsub(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ float nan_min(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-__device__ __forceinline__ float tanh_approx(float v) {
-  asm("tanh.approx.f32 %0, %0;\n" : "+f"(v));
-  return v;
-}
 // V_xi's 16 x 32-byte rows (tiles), the two 16-byte halves swapped on rows 4-7 and 12-15: conflict-free ldmatrix.
 __device__ __forceinline__ uint32_t v_offset(int xi, int tile, int half) {
   return xi * 512 + tile * 32 + ((half ^ ((tile >> 2) & 1)) << 4);
 }
 
-// The input transform of one lane's 4x4 patch of a channel pair (bf16x2 words d), B^T d B, into the V buffer at vbuf.
-__device__ __forceinline__ void input_transform(const uint32_t (&d)[16], unsigned char* vbuf, int tile, int pair) {
-  uint32_t t[16];
+// One lane's patch of a channel pair transformed (input_transform) into the V buffer at vbuf.
+__device__ __forceinline__ void transform_into(const uint32_t (&d)[16], unsigned char* vbuf, int tile, int pair) {
+  uint32_t v[16];
+  input_transform(d, v);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    t[0 * 4 + j] = bsub(d[0 * 4 + j], d[2 * 4 + j]);
-    t[1 * 4 + j] = badd(d[1 * 4 + j], d[2 * 4 + j]);
-    t[2 * 4 + j] = bsub(d[2 * 4 + j], d[1 * 4 + j]);
-    t[3 * 4 + j] = bsub(d[1 * 4 + j], d[3 * 4 + j]);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t v[4] = {bsub(t[i * 4 + 0], t[i * 4 + 2]), badd(t[i * 4 + 1], t[i * 4 + 2]),
-                           bsub(t[i * 4 + 2], t[i * 4 + 1]), bsub(t[i * 4 + 1], t[i * 4 + 3])};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      *reinterpret_cast<uint32_t*>(vbuf + v_offset(i * 4 + j, tile, pair >> 2) + (pair & 3) * 4) = v[j];
-  }
-}
-
-// A^T M A of one tile and channel (M[xi] = m[xi]): its 2x2 outputs, 24 adds.
-__device__ __forceinline__ void output_transform(const float (&m)[16], float (&y)[4]) {
-  float r0[4], r1[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float s = m[4 + j] + m[8 + j], d = m[4 + j] - m[8 + j];
-    r0[j] = m[j] + s;
-    r1[j] = d - m[12 + j];
-  }
-  const float s0 = r0[1] + r0[2], d0 = r0[1] - r0[2], s1 = r1[1] + r1[2], d1 = r1[1] - r1[2];
-  y[0] = r0[0] + s0;
-  y[1] = d0 - r0[3];
-  y[2] = r1[0] + s1;
-  y[3] = d1 - r1[3];
+  for (int xi = 0; xi < 16; ++xi)
+    *reinterpret_cast<uint32_t*>(vbuf + v_offset(xi, tile, pair >> 2) + (pair & 3) * 4) = v[xi];
 }
 
 template <Kind kKind>
@@ -135,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) winograd(float* out, int steps
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(d[q * 4 + 0]), "=r"(d[q * 4 + 1]), "=r"(d[q * 4 + 2]), "=r"(d[q * 4 + 3])
                      : "r"(smem_u32(xbuf) + (q * 128 + tile_in * 8 + pair_in) * 16));
-      input_transform(d, gsm + ((s + 1) & 1) * kVBytes, tile_in, pair_in);
+      transform_into(d, gsm + ((s + 1) & 1) * kVBytes, tile_in, pair_in);
     }
 #pragma unroll
     for (int xi = 0; xi < 16; ++xi) {
@@ -212,19 +165,7 @@ void run(const char* name, float* out, int sms) {
   auto k = winograd<kKind>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   k<<<sms, kWarps * 32, smem>>>(out, 8);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e30f;
-  for (int r = 0; r < 7; ++r) {
-    cudaEventRecord(e0);
-    k<<<sms, kWarps * 32, smem>>>(out, steps);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (ms < best) best = ms;
-  }
+  const float best = best_ms([&] { k<<<sms, kWarps * 32, smem>>>(out, steps); });
   cudaError_t err = cudaGetLastError();
   const double mma_flop = 2.0 * 16 * 64 * 16 * 16 * (double)steps * sms * kGroups;  // 16 xi x [16 x 16] x [16 x 64]
   printf("%-9s %d steps a group: %.4f ms for the whole problem, MMAs at %.0f TFLOP/s %s\n", name, steps, best,

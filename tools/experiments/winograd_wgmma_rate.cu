@@ -16,9 +16,9 @@
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/winograd_wgmma_rate.cu -o winograd_wgmma_rate
 //     ./winograd_wgmma_rate
-#include <cstdint>
 #include <cstdio>
-#include <cuda_runtime.h>
+
+#include "winograd_step.cuh"
 
 enum Kind { kMmaOnly, kFull, kFullInput };
 constexpr int kConsumers = 2, kSteps = 129032;
@@ -26,7 +26,6 @@ constexpr int kConsumers = 2, kSteps = 129032;
 constexpr int kVBytes = 16 * 512, kXBytes = 8192, kPartBytes = 2 * 4 * 64 * 4;
 constexpr int kConsumerBytes = 2 * kVBytes + kXBytes + kPartBytes;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // No-swizzle K-major descriptor: k_bytes between the two 8-channel core matrices along K, mn_bytes between 8-tile
 // groups.
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
@@ -40,44 +39,14 @@ __device__ __forceinline__ void wgmma(float (&d)[8], const uint32_t (&a)[4], uin
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kScaleD));
 }
-__device__ __forceinline__ uint32_t badd(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t bsub(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-// B^T d B of one 4x4 patch of a channel pair (bf16x2 words), stored as point xi's word of (tile, pair) in the V buffer
-// at vbuf: [k group = pair / 4][tile][8 channels], 512 B a point.
-__device__ __forceinline__ void input_transform(const uint32_t (&d)[16], unsigned char* vbuf, int tile, int pair) {
-  uint32_t t[16];
+// One thread's patch of a channel pair transformed (input_transform) into the V buffer at vbuf: point xi's word of
+// (tile, pair) at [k group = pair / 4][tile][8 channels], 512 B a point.
+__device__ __forceinline__ void transform_into(const uint32_t (&d)[16], unsigned char* vbuf, int tile, int pair) {
+  uint32_t v[16];
+  input_transform(d, v);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    t[0 * 4 + j] = bsub(d[0 * 4 + j], d[2 * 4 + j]);
-    t[1 * 4 + j] = badd(d[1 * 4 + j], d[2 * 4 + j]);
-    t[2 * 4 + j] = bsub(d[2 * 4 + j], d[1 * 4 + j]);
-    t[3 * 4 + j] = bsub(d[1 * 4 + j], d[3 * 4 + j]);
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t v[4] = {bsub(t[i * 4 + 0], t[i * 4 + 2]), badd(t[i * 4 + 1], t[i * 4 + 2]),
-                           bsub(t[i * 4 + 2], t[i * 4 + 1]), bsub(t[i * 4 + 1], t[i * 4 + 3])};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      *reinterpret_cast<uint32_t*>(vbuf + (i * 4 + j) * 512 + (pair >> 2) * 256 + tile * 16 + (pair & 3) * 4) = v[j];
-  }
-}
-__device__ __forceinline__ float nan_min(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-__device__ __forceinline__ float tanh_approx(float v) {
-  asm("tanh.approx.f32 %0, %0;\n" : "+f"(v));
-  return v;
+  for (int xi = 0; xi < 16; ++xi)
+    *reinterpret_cast<uint32_t*>(vbuf + xi * 512 + (pair >> 2) * 256 + tile * 16 + (pair & 3) * 4) = v[xi];
 }
 template <int kN>
 __device__ __forceinline__ void pin(float (&acc)[kN][8]) {
@@ -85,21 +54,6 @@ __device__ __forceinline__ void pin(float (&acc)[kN][8]) {
   for (int j = 0; j < kN; ++j)
 #pragma unroll
     for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(acc[j][i])::"memory");
-}
-// A^T M A of one channel and tile (M[xi] = m[xi]): its 2x2 outputs, 24 adds.
-__device__ __forceinline__ void output_transform(const float (&m)[16], float (&y)[4]) {
-  float r0[4], r1[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float s = m[4 + j] + m[8 + j], d = m[4 + j] - m[8 + j];
-    r0[j] = m[j] + s;
-    r1[j] = d - m[12 + j];
-  }
-  const float s0 = r0[1] + r0[2], d0 = r0[1] - r0[2], s1 = r1[1] + r1[2], d1 = r1[1] - r1[2];
-  y[0] = r0[0] + s0;
-  y[1] = d0 - r0[3];
-  y[2] = r1[0] + s1;
-  y[3] = d1 - r1[3];
 }
 
 template <Kind kKind>
@@ -136,7 +90,7 @@ __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int 
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                      : "=r"(d[q * 4 + 0]), "=r"(d[q * 4 + 1]), "=r"(d[q * 4 + 2]), "=r"(d[q * 4 + 3])
                      : "r"(smem_u32(xbuf) + (q * 128 + ctid) * 16));
-      input_transform(d, csm + ((s + 1) & 1) * kVBytes, ctid >> 3, ctid & 7);
+      transform_into(d, csm + ((s + 1) & 1) * kVBytes, ctid >> 3, ctid & 7);
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     if constexpr (kKind != kMmaOnly) {
@@ -222,19 +176,7 @@ void run(const char* name, float* out, int sms) {
   auto k = winograd<kKind>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   k<<<sms, kConsumers * 128, smem>>>(out, 8);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e30f;
-  for (int r = 0; r < 7; ++r) {
-    cudaEventRecord(e0);
-    k<<<sms, kConsumers * 128, smem>>>(out, steps);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (ms < best) best = ms;
-  }
+  const float best = best_ms([&] { k<<<sms, kConsumers * 128, smem>>>(out, steps); });
   cudaError_t err = cudaGetLastError();
   const double mma_flop = 2.0 * 64 * 16 * 16 * 16 * (double)steps * sms * kConsumers;  // 16 points x m64n16k16
   printf("%-9s %d steps a warpgroup: %.4f ms for the whole problem, MMAs at %.0f TFLOP/s %s\n", name, steps, best,

@@ -2337,6 +2337,8 @@ def _distribution(kind, shape, seed):
         return torch.rand(shape, generator=gen, device="cuda") * 1e-3
     if kind == "subnormal":
         return torch.rand(shape, generator=gen, device="cuda") * 6e-5
+    if kind == "dust":  # below 2^-25: fp16 rounds them to 0 (strict's hi parts)
+        return torch.rand(shape, generator=gen, device="cuda") * 1e-9
     if kind == "ties":
         return _ties(shape, gen, 10)
     if kind == "wide":
@@ -2386,13 +2388,14 @@ def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default)
 
 
 @needs_cuda
-@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "ties", "wide"])
+@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "dust", "ties", "wide"])
 @pytest.mark.parametrize("name", GUARDED_STRICT)
 def test_strict_on_fp16_parts_gives_fp32_products(name, kind, tf32_default):
     """Strict fp32 on fp16 hi/lo parts: against the float64 forward of x and the weights as they are, no further
     than twice what its guard (3xTF32, the same three-product scheme on TF32 parts) is, plus the contract's 2^-36 per
     input times the largest sum of |w| over a channel; and within 1e-6 of the sums' scale. Inputs all below fp16's
-    normal range (x 6e-5) list every image, which the guard then computes. Ties: halfway between two fp16 values."""
+    normal range (x 6e-5), or all below 2^-25 (x 1e-9, whose hi parts are 0), list every image, which the guard then
+    computes. Ties: halfway between two fp16 values. Widths 301, 258, 7 (element loads) and 260 (16-byte loads)."""
     # (the same distributions as the TF32 carrier's test, _distribution)
     _guarded_or_skip(name)
     _, new = _cuda_models(7)
@@ -2400,11 +2403,11 @@ def test_strict_on_fp16_parts_gives_fp32_products(name, kind, tf32_default):
     if kind == "wide":
         w = w / 256
     floor = 2.0 ** -36 * float(w.abs().sum(dim=(1, 2, 3)).max())
-    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
+    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7), (2, 16, 9, 260)]:
         x = _distribution(kind, shape, seed=_case_seed(kind, shape))
         out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
         guard = model_new.run_fused_kernel(x, w, b, _guard_of(name))
-        if kind == "subnormal":
+        if kind in ("subnormal", "dust"):
             assert sorted(listed.tolist()) == list(range(shape[0])), (shape, listed)
             assert _bit_equal(out, guard)
             continue
@@ -2451,14 +2454,15 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
 
 
 @needs_cuda
-@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias"])
+@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias", "bias_lost"])
 @pytest.mark.parametrize("name", GUARDED)
 def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_default):
     """The weights are scaled by a power of two into fp16's range and the scale is undone after the min: tiny
     (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the kernel's products
     (TF32: the TF32-rounded operands'; strict: the operands' own) within 1e-6 of the output's scale from the guard
     kernel's and 2e-6 of the float64 forward, nothing listed. Weights fp16 cannot hold at any one scale (one
-    weight 2^40 times the rest) or a NaN weight or bias list every image, and the output is the guard kernel's."""
+    weight 2^40 times the rest), a NaN weight or bias, or a bias that the scale would take below fp32's normal range
+    (weights x 1e20, bias x 1e-25) list every image, and the output is the guard kernel's."""
     strict = _row(name).precision == "strict_fp32"
     _guarded_or_skip(name)
     _, new = _cuda_models(10)
@@ -2477,10 +2481,12 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
         w[5, 0, 0, 0] = float("nan")
     elif case == "nan_bias":
         b[7] = float("nan")
+    elif case == "bias_lost":
+        w, b = w * 1e20, b * 1e-25
     x = make_input((3, 16, 20, 70), seed=11, device="cuda")
     out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
     tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
-    if case in ("wide", "nan_weight", "nan_bias"):
+    if case in ("wide", "nan_weight", "nan_bias", "bias_lost"):
         assert sorted(listed.tolist()) == [0, 1, 2]
         assert _bit_equal(out, tf32)
     else:

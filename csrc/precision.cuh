@@ -290,12 +290,14 @@ struct Fp32OnF16x3 {
     if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));
     return r;
   }
-  // Over a thread's hi words: the largest magnitude of each half (bits; a NaN's is above every other).
+  // Over a thread's hi and lo words: the largest magnitude of each half (bits; a NaN's is above every other). A lo is
+  // never larger than its hi, but nonzero where hi rounded a value below 2^-25 to 0 (that value is then counted).
   __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
-  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and all below 2^-14.
+  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and none above 2^-14 (a lo
+  // under a subnormal hi reaches 2^-14 at most).
   __device__ static bool range_lists(uint32_t range) {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
-    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
+    return m >= 0x7BFFu || (m != 0 && m <= 0x0400u);
   }
   // The largest of the |w| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -310,7 +312,8 @@ struct Fp32OnF16x3 {
   // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
   // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).
   __device__ static bool inexact(float v, float scale) { return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }
-  __device__ static bool inexact_bias(float v, float) { return !isfinite(v); }
+  // The bias starts the accumulators times 2^s: it must come back from that (where s < 0 a tiny bias would lose bits).
+  __device__ static bool inexact_bias(float v, float scale) { return !isfinite(v) || (v * scale) * __frcp_rn(scale) != v; }
   __device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }
 };
 

@@ -130,7 +130,10 @@ struct RowProducer {
 #pragma unroll
         for (int col = 0; col < 4; ++col)
 #pragma unroll
-          for (int k = 0; k < 4; ++k) q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+          for (int k = 0; k < 4; ++k) {
+            q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+            range = Precision::range_fold(range, q[col][k]);  // lo: nonzero where hi rounded a value to 0
+          }
         store_rotated(dst + Geometry::kCopyBytes, q, r);
       }
       return range;
@@ -243,8 +246,11 @@ struct RowProducer {
             const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
             range = Precision::range_fold(range, h);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
-            if constexpr (Geometry::kSplitInSlot)
-              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)Precision::rest2(e, 0, h);
+            if constexpr (Geometry::kSplitInSlot) {
+              const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;
+              range = Precision::range_fold(range, lo);
+              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)lo;
+            }
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);

@@ -210,14 +210,14 @@ MUTANTS = {
     ),
     # strict fp32 on fp16 parts: no input is ever listed, so infinities, NaN and values beyond fp16 take the fp16 path
     "strict_f16_guard_disabled": (
-        "    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);",
+        "    return m >= 0x7BFFu || (m != 0 && m <= 0x0400u);",
         "    return 0u * m != 0u;",
         ["test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm90_f16x3]",
          "test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-subnormal]"],
     ),
     # strict fp32 on fp16 parts: inputs all below fp16's normal range are not listed (their 2^-36 steps stay)
     "strict_f16_keeps_subnormal_rows": (
-        "    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);",
+        "    return m >= 0x7BFFu || (m != 0 && m <= 0x0400u);",
         "    return m >= 0x7BFFu;",
         ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-subnormal]"],
     ),
@@ -227,6 +227,18 @@ MUTANTS = {
         "      return v;",
         ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-rand]",
          node("test_edge_shapes", "kernel-sm90_f16x3", "2x16x67x67")],
+    ),
+    # strict fp32 on fp16 parts: the lo words are not folded into the range, so values all below 2^-25 (hi 0) stay
+    "strict_f16_dust_not_listed": (
+        "            range = Precision::range_fold(range, q[col][k]);  // lo: nonzero where hi rounded a value to 0\n",
+        "",
+        ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-dust]"],
+    ),
+    # strict fp32 on fp16 parts: a bias the scale takes below fp32's normal range is kept, its bits lost
+    "strict_f16_keeps_a_lost_bias": (
+        "return !isfinite(v) || (v * scale) * __frcp_rn(scale) != v; }",
+        "return !isfinite(v); }",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_f16x3-bias_lost]"],
     ),
     # strict fp32 on fp16 parts: the weights' scale stays in the output
     "strict_f16_scale_not_undone": (

@@ -57,8 +57,8 @@ PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
 # The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
 # and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
 # (Tf32RoundNearest) for inputs beyond fp16; strict fp32 on fp16 hi/lo parts (Fp32OnF16x3, "fp16x3": three products at
-# the fp16 rate) is strict's on sm_90, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
-# the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
+# the fp16 rate) is strict's, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as
+# x.to(dtype) does, on the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
 PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
                   ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("strict_fp32", "fp16x3", "fp32"): "Fp32OnF16x3",
                   ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
@@ -103,14 +103,14 @@ FUSED_TABLE = (
     FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
-    # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
-    # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
-    # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
+    # rows. On fp16 operands (TF32, 70.5 KB; strict fp32's hi/lo parts, 89.1 KB), 16-bit (70.5 KB) and the 3xTF32
+    # guard (64-column tiles, 100.4 KB): every sm_80+ GPU. The TF32 guard: 138.8 KB on sm_80, 90, 100; with 99 KB
+    # (sm_86, 89, 120) a producer feeds it (3 slots, the oldest row released early, 88.1 KB).
     FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", "fp32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_f16x3", "mma_sync", "strict_fp32", "fp16x3", "fp32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
@@ -182,14 +182,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 17;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
 inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
 inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -728,7 +728,8 @@ struct OneProduct {
 // Strict fp32 by three products: v = big + small; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
 // accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
-// Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
+// Inputs are split by the producer into two slot copies (wgmma, and fp16 parts on mma.sync) or, 3xTF32 on mma.sync,
+// in registers after the fragment load.
 // kSmallExp: the small parts are stored times 2^-kSmallExp (fp16 parts: 2^11, so that they stay normal fp16 values),
 // and their sum is multiplied by 2^kSmallExp (exact) before it joins (3xTF32: 0, TF32 parts as they are).
 template <int kSmallExp>
@@ -788,11 +789,11 @@ struct ThreeProductsScaled {
                                        const uint32_t (&as)[4], const uint32_t (&bw)[2], const uint32_t (&bs)[2],
                                        float4 bias) {
     if constexpr (kFirst) {
-      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});
     } else {
-      mma_sync(small, a, bs[0], bs[1], Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], Operand<Elem>{});
     }
-    mma_sync(small, as, bw[0], bw[1], Operand<float>{});
+    mma_sync(small, as, bw[0], bw[1], Operand<Elem>{});
     OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
   }
   // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
@@ -867,7 +868,8 @@ struct UnscaledOperands {
 // every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
-// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+// (wgmma: two operand copies per slot) or when the slots narrow x (fp16 parts, either MMA), else in registers after
+// the fragment load (mma.sync's 3xTF32: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
   using Elem = float;     // the weights, the bias, the output
   using XElem = float;    // x
@@ -2047,8 +2049,11 @@ struct ConvGeometry {
   static constexpr int kTileCols = kTileCols_;
   // wgmma: the tensor cores read the slots themselves; mma.sync loads them into registers first.
   static constexpr bool kMmaReadsSlots = kMmaReadsSlots_;
-  // 3xTF32 with the split on the way into shared memory: two operand copies (big, small) per slot.
-  static constexpr int kCopies = kMmaReadsSlots ? Precision::Multiply::kCopies : 1;
+  // Three products with the split on the way into shared memory: two operand copies (big, small) per slot. Where
+  // the MMA reads the slots (wgmma), and where the slots narrow x (fp16 parts); mma.sync's 3xTF32 keeps raw fp32 in
+  // the slot and splits each fragment in registers.
+  static constexpr int kCopies =
+      kMmaReadsSlots || sizeof(MmaElem) < sizeof(XElem) ? Precision::Multiply::kCopies : 1;
   static constexpr bool kSplitInSlot = kCopies == 2;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;
@@ -2076,10 +2081,11 @@ namespace kb25 {
 // each take kWarpCols pixels (kMTiles m16 tiles) x all kCout channels (kCout / 8 n8 tiles), so the min over channels
 // stays in registers. A (pixels x k) comes from the slot by ldmatrix: one x4 per m16 tile and k-step, its 8-row
 // matrices being 8 consecutive 16-byte columns of one channel group (128 contiguous bytes: no bank conflict). B (the
-// weights) is staged once per CTA in the order the MMA reads it. 3xTF32: the weights are staged split (a big and a
-// small copy); the slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers; the
-// two small products go to an accumulator of their own. MMAs read their operands from registers, so the window's
-// oldest row is free as soon as the first kernel row's k-steps have loaded it.
+// weights) is staged once per CTA in the order the MMA reads it. Three products (3xTF32, fp16 parts): the weights
+// are staged split (a big and a small copy) and the two small products go to an accumulator of their own; 3xTF32's
+// slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers, while fp16 parts come
+// split from the slot's two copies (kSplitInSlot), each fragment by its own ldmatrix. MMAs read their operands from
+// registers, so the window's oldest row is free as soon as the first kernel row's k-steps have loaded it.
 template <class Geometry_>
 struct MmaSyncMainloop {
   using Geometry = Geometry_;
@@ -2088,7 +2094,7 @@ struct MmaSyncMainloop {
   using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
-  static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
+  static_assert(!Geometry::kSplitInSlot || sizeof(MmaElem) == 2, "mma.sync splits 3xTF32 input operands in registers");
   static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
@@ -2144,7 +2150,7 @@ struct MmaSyncMainloop {
                      Geometry::kMmaK / 2 * (e & 1) + h;
       const Elem v = Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
       inexact |= Precision::inexact(v, scale);
-      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
+      Multiply::template store_weight<Precision>(wdst, i, kWeightWords * kPerWord, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
     for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
@@ -2177,15 +2183,7 @@ struct MmaSyncMainloop {
     Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
-    // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
-    // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
-    // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
-    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, "3xTF32"); sm_100 was not measured.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    constexpr bool kOneKStepATrip = kWeightCopies == 2 && kMTiles > 1;
-#else
-    constexpr bool kOneKStepATrip = false;
-#endif
+    // The first k-step with C = the bias (tap 0 on its own).
     {
       const uint32_t row0 = smem_u32(rows[0]) + lane_offset;
       k_step<true>(acc, small, row0, 0, lane);
@@ -2193,13 +2191,13 @@ struct MmaSyncMainloop {
       for (int kb = 1; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row0 + 2 * kb * Geometry::kGroupBytes, kb, lane);
     }
-    // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
-    // hoists loads until it spills); the others unroll every k-step.
+    // Three products run one tap per trip (they already give ptxas enough to interleave; unrolled whole it hoists
+    // loads until it spills); the others unroll every k-step.
 #pragma unroll(kWeightCopies == 2 ? 1 : Geometry::kTaps - 1)
     for (int tap = 1; tap < Geometry::kTaps; ++tap) {
       const int kh = tap / 3, kw = tap % 3;
       const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
-#pragma unroll(kOneKStepATrip ? 1 : Geometry::kKStepsPerTap)
+#pragma unroll
       for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row + 2 * kb * Geometry::kGroupBytes, tap * Geometry::kKStepsPerTap + kb, lane);
       // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
@@ -2221,7 +2219,11 @@ struct MmaSyncMainloop {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
-        if constexpr (kWeightCopies == 2) Multiply::split_fragment(a[mt], as[mt]);
+        if constexpr (Geometry::kSplitInSlot) {
+          ldmatrix_x4(as[mt], a_addr + mt * 16 * 16 + Geometry::kCopyBytes);
+        } else if constexpr (kWeightCopies == 2) {
+          Multiply::split_fragment(a[mt], as[mt]);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
@@ -3513,8 +3515,8 @@ using Sm90Fp16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__half>, 2
 using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf3299k = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x399k = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80F16x3 = FusedTraits<MmaKind::kMmaSync, Fp32OnF16x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -3528,10 +3530,12 @@ template <>
 inline constexpr bool kRecomputesListed<Sm80Tf32> = true;
 template <>
 inline constexpr bool kRecomputesListed<Sm80Tf3299k> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
 
 namespace kb25 {
 
@@ -4319,14 +4323,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 17;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
 inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
 inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {

@@ -1154,15 +1154,11 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
 
 def _expected_kernel(precision, mma_sync_only=False):
     """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
-    else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 126.6 KB. TF32 runs on fp16
-    operands everywhere, strict fp32 on fp16 parts with wgmma."""
+    else the mma.sync kernel. TF32 runs on fp16 operands everywhere, strict fp32 on fp16 parts."""
     if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
         return {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16",
                 "fp16": "sm90_fp16"}[precision]
-    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    if precision == "strict_fp32":
-        return "sm80_tf32x3" if optin >= 126560 else "sm80_tf32x3_99k"
-    return {"tf32": "sm80_tf32_f16", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
+    return {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_f16x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
 
 
 @needs_cuda
@@ -1181,7 +1177,7 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
     torch.backends.cudnn.allow_tf32 = False
     assert new.resolve_backend(x) == "fused"
     assert new.fused_kernel(x) == _expected_kernel("strict_fp32")
-    new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: 3xTF32, never plain TF32
+    new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: three products, never plain TF32
     assert new.fused_kernel(x) == _expected_kernel("strict_fp32", mma_sync_only=True)
     new.backend = "auto"
     torch.backends.cudnn.allow_tf32 = True
@@ -1221,16 +1217,15 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
 
 # What each GPU profile (harness.DEVICE_PROFILES) runs per precision: None is cudnn_epilogue. Written out by hand, not
 # derived from the table, so that a change of the chooser's answers shows here.
-_SM80 = {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
-_SM80_99K = dict(_SM80, strict_fp32="sm80_tf32x3_99k")
+_SM80 = {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_f16x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
 PROFILE_KERNELS = {
     "T4": dict.fromkeys(harness.PRECISIONS),
     "A100": _SM80,
-    "A10G": _SM80_99K,
-    "L40S": _SM80_99K,
+    "A10G": _SM80,
+    "L40S": _SM80,
     "H100": {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
     "B200": _SM80,
-    "RTX5090": _SM80_99K,
+    "RTX5090": _SM80,
 }
 PROFILE_SHAPES = [FULL_SHAPE, (3, 16, 67, 300), (2, 16, 259, 130), (2, 16, 40, 600)]
 _profile_truth = {}

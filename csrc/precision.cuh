@@ -48,7 +48,8 @@ struct UnscaledOperands {
 // every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
-// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+// (wgmma: two operand copies per slot) or when the slots narrow x (fp16 parts, either MMA), else in registers after
+// the fragment load (mma.sync's 3xTF32: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
   using Elem = float;     // the weights, the bias, the output
   using XElem = float;    // x

@@ -240,6 +240,13 @@ MUTANTS = {
         "return !isfinite(v); }",
         ["test_weight_scale_carries_weights_or_lists_every_image[sm90_f16x3-bias_lost]"],
     ),
+    # strict fp32 on fp16 parts, mma.sync: the lo fragment loaded from the hi copy (hi * hi counted three times)
+    "strict_f16_mma_sync_lo_from_hi": (
+        "ldmatrix_x4(as[mt], a_addr + mt * 16 * 16 + Geometry::kCopyBytes);",
+        "ldmatrix_x4(as[mt], a_addr + mt * 16 * 16);",
+        ["test_strict_on_fp16_parts_gives_fp32_products[sm80_f16x3-rand]",
+         node("test_edge_shapes", "kernel-sm80_f16x3", "2x16x67x67")],
+    ),
     # strict fp32 on fp16 parts: the weights' scale stays in the output
     "strict_f16_scale_not_undone": (
         "__device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }",
@@ -298,7 +305,7 @@ MUTANTS = {
         "      stored(producer.copy_by_element(x_img, at.oy + kK, col0, slot(rows)), at);",
         "      stored(producer.copy_by_element(x_img, at.oy + kK - 1, col0, slot(rows)), at);",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x301x19"),
-         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x301x19"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3", "2x16x301x19"),
          node("test_edge_shapes", "kernel-sm80_tf32", "64x16x20x19")],
     ),
     # the fp32 epilogue's last butterfly step is skipped: each pixel's min covers half of every warp's channels
@@ -340,7 +347,7 @@ MUTANTS = {
         "  if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);\n",
         "",
         [node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600"),
-         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "3x16x40x600")],
+         node("test_edge_shapes", "kernel-sm80_tf32x3", "3x16x40x600")],
     ),
     # a self-fed consumer's deferred write lands in the current step's row instead of the previous step's
     "self_fed_write_goes_to_the_current_row": (
@@ -390,7 +397,7 @@ MUTANTS = {
         "      mma_sync(acc, a, bw[0], bw[1], bias, Operand<Elem>{});",
         "      mma_sync(acc, a, bw[0], bw[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});",
         [node("test_edge_shapes", "kernel-sm80_tf32", "2x16x67x67"), node("test_edge_shapes", "kernel-sm80_bf16", "2x16x67x67"),
-         node("test_edge_shapes", "kernel-sm80_tf32x3_99k", "2x16x67x67")],
+         node("test_edge_shapes", "kernel-sm80_tf32x3", "2x16x67x67")],
     ),
     # wgmma 16-bit: the bias k-step never issued (no bias in any channel)
     "wgmma_bias_step_dropped": (
@@ -458,9 +465,10 @@ MUTANTS = {
     ),
     # mma.sync 3xTF32 without the big(w) * small(x) product
     "mma_sync_strict_drops_a_small_product": (
-        "    mma_sync(small, as, bw[0], bw[1], Operand<float>{});\n",
+        "    mma_sync(small, as, bw[0], bw[1], Operand<Elem>{});\n",
         "",
-        ["test_other_precisions_full_size[strict_fp32]"],
+        [node("test_edge_shapes", "kernel-sm80_f16x3", "2x16x67x67"),
+         node("test_edge_shapes", "kernel-sm80_tf32x3", "2x16x67x67")],
     ),
     # each lane of a quad stores m-tile 0 (of every 4) only: the other m-tiles' pixels are never written
     "mma_sync_epilogue_stores_one_tile": (

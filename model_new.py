@@ -1005,7 +1005,10 @@ struct Tf32OnF16 {
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  // narrow2's carry takes a NaN whose mantissa has its top 11 bits set (CUDA's own NaN, 0x7FFFFFFF, and its negative)
+  // out to a zero, which range_fold does not see: the producer makes every NaN 0x7FC00000 first, which narrows to a NaN
+  // and lists its image.
+  static constexpr bool kFastNeedsNoNaN = true;
   static constexpr bool kGuardsRange = true;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
@@ -1013,7 +1016,7 @@ struct Tf32OnF16 {
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
   // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees. Not for a NaN (kFastNeedsNoNaN).
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {
@@ -3265,7 +3268,7 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            const uint32_t h = Precision::narrow2(Precision::kFastNeedsNoNaN ? quiet_nan(e) : e, 0) & 0xFFFFu;
             range = Precision::range_fold(range, h);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
             if constexpr (Geometry::kSplitInSlot) {

@@ -1448,20 +1448,25 @@ FP32_KEYS = [k for k in CASE_KEYS if harness.CASES[k].precision in ("tf32", "str
 
 @needs_cuda
 @pytest.mark.parametrize("key", FP32_KEYS)
-@pytest.mark.parametrize("where", ["input", "weight", "late_item"])
+@pytest.mark.parametrize("where", ["input", "weight", "late_item", "all_bits", "all_bits_by_element"])
 def test_nan_with_only_low_payload_bits_stays_nan(key, where, tf32_default):
     """NaNs with payload only in the 13 low bits (0x7f800001, 0xff801000): in the input, NaN at every output pixel it
     feeds; in a weight, NaN everywhere (its output channel is NaN at every pixel, and the min propagates it). Checked
     against float64 truth and the reference (the fused TF32 kernels gave tanh(tanh(+-inf)) there before the
     producers made NaNs canonical). late_item: rows of 264 columns, the NaNs in input columns 256 and 257, which the
-    first 256-column tile loads as its late item (the chunk past the tile, loaded after the slot wait)."""
+    first 256-column tile loads as its late item (the chunk past the tile, loaded after the slot wait). all_bits: the
+    NaNs with every bit set (0x7fffffff, 0xffffffff: CUDA's own arithmetic makes them), each the only non-finite input
+    of its image, in rows of whole 16-byte chunks and (by_element, width 21) not: TF32 rounding by an integer add on
+    the bits carries them out to a zero, which lists nothing for the guard to recompute."""
     case, ref, fn, dtype = _case(key, 9)
-    x = make_input((2, 16, 20, 264 if where == "late_item" else 20), seed=5, device="cuda").to(dtype)
+    width = {"late_item": 264, "all_bits_by_element": 21}.get(where, 20)
+    x = make_input((2, 16, 20, width), seed=5, device="cuda").to(dtype)
     if where != "weight":
         col_a, col_b = (256, 257) if where == "late_item" else (5, 7)
         bits = x.view(torch.int32)
-        bits[0, 3, 5, col_a] = 0x7F800001
-        bits[1, 9, 12, col_b] = -8384512  # 0xff801000
+        all_bits = where.startswith("all_bits")
+        bits[0, 3, 5, col_a] = 0x7FFFFFFF if all_bits else 0x7F800001
+        bits[1, 9, 12, col_b] = -1 if all_bits else -8384512  # 0xffffffff, 0xff801000
     else:
         with torch.no_grad():
             for m in (ref, fn.model):

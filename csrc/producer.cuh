@@ -243,7 +243,7 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            const uint32_t h = Precision::narrow2(Precision::kFastNeedsNoNaN ? quiet_nan(e) : e, 0) & 0xFFFFu;
             range = Precision::range_fold(range, h);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
             if constexpr (Geometry::kSplitInSlot) {

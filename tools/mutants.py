@@ -136,7 +136,23 @@ MUTANTS = {
         [node("test_nan_and_inf_inputs", "kernel-sm80_tf32", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
-         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input")],
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits")],
+    ),
+    # the TF32 carrier narrows NaNs as they come: one with every bit set carries out to a zero, which lists nothing
+    "carrier_nan_not_quieted": (
+        "  // and lists its image.\n  static constexpr bool kFastNeedsNoNaN = true;",
+        "  // and lists its image.\n  static constexpr bool kFastNeedsNoNaN = false;",
+        [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_f16", shape="all_bits"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="all_bits_by_element")],
+    ),
+    # the element-by-element path (rows not in whole 16-byte chunks) narrows NaNs as they come
+    "carrier_by_element_nan_not_quieted": (
+        "Precision::narrow2(Precision::kFastNeedsNoNaN ? quiet_nan(e) : e, 0)",
+        "Precision::narrow2(e, 0)",
+        [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits_by_element"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_f16", shape="all_bits_by_element")],
     ),
     # the late item (the chunk past a 256-column tile) skips the NaN check: its NaNs take the fast rounding
     "late_item_skips_the_nan_check": (

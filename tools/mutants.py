@@ -543,7 +543,7 @@ MUTANTS = {
     "grad_weight_mma_scale_not_undone": (
         "const float down = G::pow2(-scale);",
         "const float down = 1.f;",
-        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+        ["test_training_weight_gradient_scales_with_the_output_gradient[bf16-H100]"],
     ),
     # the tensor-core dW leaves each step's gm in its A tiles: later steps multiply stale entries too
     "grad_weight_mma_leaves_stale_tiles": (
@@ -551,43 +551,67 @@ MUTANTS = {
         "",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
-    # the tensor-core dW's bias drops what the fp16 hi part leaves of gm (db keeps 11 bits a term)
-    "grad_weight_mma_bias_drops_lo": (
-        "(bias_hi[b][r] + bias_lo[b][r] * (1.f / 2048.f)) * down",
-        "bias_hi[b][r] * down",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
-    ),
-    # the tensor-core dW truncates x to TF32 instead of rounding it as the reference's TF32 conv does
-    "grad_weight_mma_truncates_x": (
-        "const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));",
-        "const uint32_t lo = Native16<__half>::pack2(__uint_as_float(__float_as_uint(row_next[u][0]) & 0xFFFFE000u), "
-        "__uint_as_float(__float_as_uint(row_next[u][1]) & 0xFFFFE000u));",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
-    ),
     # the tensor-core dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_mma_never_walks": (
         "bool walk = __syncthreads_or(bad_slots != 0);",
         "bool walk = __syncthreads_or(false);",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
-    ),
-    # the tensor-core dW multiplies windows whose rows are all tiny in fp16 (2^-24 steps) instead of walking them
-    "grad_weight_mma_ignores_tiny_rows": (
-        "    for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);\n",
-        "",
-        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100")],
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-fp16"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-fp16")],
     ),
     # the tensor-core dW's operand scale keeps its old lower clamp: a largest |g| above 2^116 overflows fp16
     "grad_weight_mma_scale_clamped_at_minus_100": (
-        "const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
-        "const int scale = max(-100, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
+        "return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));",
+        "return max(-100, min(126, 141 - max((int)(largest >> 23), 1)));",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
     ),
     # the operand scale's upper clamp at 127, where 2^-127 (pow2) is 0: a largest |g| below 2^-112 gives dW = 0
     "grad_weight_mma_scale_clamped_at_127": (
-        "const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));",
-        "const int scale = max(-126, min(127, 141 - max((int)(*scale_max >> 23), 1)));",
+        "return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));",
+        "return max(-126, min(127, 141 - max((int)(largest >> 23), 1)));",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+    ),
+    # the fed dW (TF32) leaves its sums at the fp16 operands' scale
+    "grad_weight_fed_scale_not_undone": (
+        "const float down = GradWeightMma::pow2(-scale);",
+        "const float down = 1.f;",
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+    ),
+    # the fed dW's bias drops what the fp16 hi part leaves of gm (db keeps 11 bits a term)
+    "grad_weight_fed_bias_drops_lo": (
+        "const uint32_t a[4] = {G::kOnes, G::kOnes, G::kSmall, G::kSmall};",
+        "const uint32_t a[4] = {G::kOnes, G::kOnes, 0u, 0u};",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW multiplies only the taps j = 0, 1 of its row
+    "grad_weight_fed_drops_a_tap": (
+        "for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});",
+        "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the fed dW's one-hot B puts every k of a block in the block's first column
+    "grad_weight_fed_one_hot_first_column": (
+        "const uint32_t target = 8 * kb + gq;  // B's column gq: k = 8 kb + gq",
+        "const uint32_t target = 8 * kb;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
+    "grad_weight_fed_never_walks": (
+        "walk |= (*walk_word(ring.slot(rows - i)) & 1u) != 0;",
+        "walk |= false;",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
+    ),
+    # the fed dW walks a step only for its newest row: a NaN stays in the window two steps more
+    "grad_weight_fed_walks_for_the_newest_row_only": (
+        "for (int i = 1; i <= G::kKsize; ++i) walk |=",
+        "for (int i = 1; i <= 1; ++i) walk |=",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-tf32")],
+    ),
+    # the fed dW multiplies shares of a row that are all tiny in fp16 (2^-24 steps) instead of walking them
+    "grad_weight_fed_ignores_tiny_shares": (
+        "return m >= 0x7BFFu || (m != 0 && m < 0x1400u);",
+        "return m >= 0x7BFFu;",
+        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100")],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (

@@ -203,8 +203,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       const int a_pixel = (lane & 7) + 8 * (lane >> 4), a_group = (lane >> 3) & 1;
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
-      for (int64_t s = begin; s < end; ++s, at.advance()) {
-        const int fresh = RowCursor::new_rows(s == begin || at.oy == 0);
+      for (int64_t step = begin; step < end; ++step, at.advance()) {
+        const int fresh = RowCursor::new_rows(step == begin || at.oy == 0);
         for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
         const unsigned char* const newest = ring.slot(rows - 1);
         const uint32_t* const hk = reinterpret_cast<const uint32_t*>(newest + G::kHkOffset);
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           }
         }
         ring.release(rows - 3);
-        if (s + 1 == end || at.oy + 1 == OH) {  // the next step starts a new window
+        if (step + 1 == end || at.oy + 1 == OH) {  // the next step starts a new window
           ring.release(rows - 2);
           ring.release(rows - 1);
         }

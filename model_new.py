@@ -2485,8 +2485,9 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // taps of m16n8 accumulators), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers
 // a slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k, what
-// hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does), gm in fp32
-// (for a walked step), and each chunk's mask of the 8-k blocks it holds. gm's scale is GradWeightMma's.
+// hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does), and each
+// chunk's mask of the 8-k blocks it holds (a walked step reads gm's parts from global memory). gm's scale is
+// GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its k: one accumulator, sum of (hi + lo * 2^-11) a k, two MMAs a chunk and block.
 struct GradWeightFed : GradGeometry {
@@ -2507,8 +2508,7 @@ struct GradWeightFed : GradGeometry {
   // the row's walk word.
   static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
   static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
-  static constexpr int kGmOffset = kLoOffset + 2 * kCols;       // float [kCols]: gm
-  static constexpr int kMaskOffset = kGmOffset + 4 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
+  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
   static constexpr int kWalkOffset = kMaskOffset + kChunks;     // uint32: (the row's number from 1) << 1 | walk
   static constexpr int kSlotBytes = (kWalkOffset + 4 + 15) / 16 * 16;
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
@@ -2524,6 +2524,7 @@ struct GradWeightFed : GradGeometry {
   static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp a round");
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
+  static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
 
@@ -2604,7 +2605,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         if (record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
-          float* const gms = reinterpret_cast<float*>(slot + G::kGmOffset);
           unsigned char* const masks = slot + G::kMaskOffset;
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
@@ -2616,7 +2616,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             GradWeightMma::split_gm(scaled, hi, small);
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 : 0xFFFF0000u;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
-            gms[p] = gm;
             // lanes 0-15 hold chunk p / 16 of lane 0, lanes 16-31 the next
             const uint32_t bit = k >= 0 ? 1u << (k >> 3) : 0u;
             const uint32_t first = warp_or(lane < 16 ? bit : 0u), second = warp_or(lane < 16 ? 0u : bit);
@@ -2663,8 +2662,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
 #pragma unroll
         for (int i = 1; i <= G::kKsize; ++i) walk |= (*walk_word(ring.slot(rows - i)) & 1u) != 0;
         if (walk) {
-          // Every entry's sum in fp32, pixel by pixel, the inputs from global memory (as the walkers sum).
-          const float* const gms = reinterpret_cast<const float*>(newest + G::kGmOffset);
+          // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
+          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
             if (q >= walk_entries) break;
@@ -2676,7 +2675,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             for (int t = 0; t < count; ++t) {
               const int kk = (int)(hk[t] >> 16);
               const float xv = is_bias ? 1.f : xr[t];
-              sums[kk * G::kPartial + e] = fmaf(gms[t], xv, sums[kk * G::kPartial + e]);
+              const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
+              sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
               if (!isfinite(xv)) poisoned[q] |= ~(1ull << kk);
             }
           }

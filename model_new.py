@@ -955,9 +955,9 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
-  // asks at the row's end whether that lists the image, range_lists).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, with the
+  // input words it came from, and asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t, uint32_t) { return range; }
   __device__ static bool range_lists(uint32_t) { return false; }
 };
 
@@ -1026,7 +1026,9 @@ struct Tf32OnF16 {
   }
   // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
   // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w, uint32_t, uint32_t) {
+    return range | ((w & 0x7FFF7FFFu) + 0x04010401u);
+  }
   __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // The largest of the |tf32(w)| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -1116,7 +1118,9 @@ struct Fp32OnF16x3 {
   }
   // Over a thread's hi and lo words: the largest magnitude of each half (bits; a NaN's is above every other). A lo is
   // never larger than its hi, but nonzero where hi rounded a value below 2^-25 to 0 (that value is then counted).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h, uint32_t, uint32_t) {
+    return __vmaxu2(range, h & 0x7FFF7FFFu);
+  }
   // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and none above 2^-14 (a lo
   // under a subnormal hi reaches 2^-14 at most).
   __device__ static bool range_lists(uint32_t range) {
@@ -1682,14 +1686,23 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const
   }
 }
 
-// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
-// elsewhere, so that the source compiles for every arch.
+// The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
+// kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 #if KB25_HAS_FUSED
   return __reduce_or_sync(0xffffffffu, v);
 #else
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
   return v;
 #endif
 }
@@ -2167,7 +2180,8 @@ struct RowProducer {
     for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
-  // with, where x narrows, what it stored folded in (Precision::range_fold; unchanged otherwise).
+  // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
+  // it came from; unchanged otherwise).
   __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
@@ -2206,7 +2220,7 @@ struct RowProducer {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
-          range = Precision::range_fold(range, q[col][k]);
+          range = Precision::range_fold(range, q[col][k], word(raw[2 * k], col), word(raw[2 * k + 1], col));
         }
       }
       store_rotated(dst, q, r);
@@ -2216,7 +2230,7 @@ struct RowProducer {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
-            range = Precision::range_fold(range, q[col][k]);  // lo: nonzero where hi rounded a value to 0
+            range = Precision::range_fold(range, q[col][k], 0u, 0u);  // lo: nonzero where hi rounded a value to 0
           }
         store_rotated(dst + Geometry::kCopyBytes, q, r);
       }
@@ -2275,6 +2289,11 @@ struct RowProducer {
   // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
   // (Precision::kGuardsRange; false otherwise).
   __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+    return out_of_range(store_folded(row, slot, x_img, y, col0));
+  }
+  // The same stores; returns the tag's fold of what this thread stored (Precision::range_fold) itself.
+  __device__ uint32_t store_folded(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y,
+                                   int col0) const {
     uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
@@ -2284,8 +2303,11 @@ struct RowProducer {
       load_item(raw, kBody + tid, x_img, y, col0);
       range = store_item(quieted(raw), kBody + tid, slot, range);
     }
-    return out_of_range(range);
+    return range;
   }
+  // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
+  // earlier row left there.
+  __device__ bool late_unstored(int col0) const { return !(col0 + (kChunks - 1) * kVec < W); }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
     return false;
@@ -2313,6 +2335,11 @@ struct RowProducer {
   __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
   // Returns whether an input it stored is out of the slots' range, as store() does.
   __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+    return out_of_range(copy_folded_by_element(x_img, y, col0, slot));
+  }
+  // The same copy; returns the tag's fold of what this thread stored, as store_folded() does.
+  __device__ uint32_t copy_folded_by_element(const Elem* __restrict__ x_img, int y, int col0,
+                                             unsigned char* slot) const {
     uint32_t range = 0;
 #pragma unroll 1
     for (int item = tid; item < kItems; item += kThreads) {
@@ -2327,12 +2354,13 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const uint32_t h = Precision::narrow2(Precision::kFastNeedsNoNaN ? quiet_nan(e) : e, 0) & 0xFFFFu;
-            range = Precision::range_fold(range, h);
+            const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;
+            const uint32_t h = Precision::narrow2(v, 0) & 0xFFFFu;
+            range = Precision::range_fold(range, h, v, 0u);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
             if constexpr (Geometry::kSplitInSlot) {
               const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;
-              range = Precision::range_fold(range, lo);
+              range = Precision::range_fold(range, lo, 0u, 0u);
               *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)lo;
             }
           } else if constexpr (sizeof(Elem) == 4) {
@@ -2458,17 +2486,22 @@ struct RowRing {
 namespace kb25 {
 
 // The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
-// exactly in fp16's normal range), with a range check that walks instead of listing an image. A producer thread's
-// share of a row (its items, 4 columns x 8 channels each) that holds an input fp16 does not (65504 or more, +-inf,
-// NaN), or that is nonzero but all below 2^-10 (where fp16's 2^-24 steps would cost more than TF32's rounding), has
-// every step whose window holds the row summed in fp32 from global memory instead. A share with an input of 2^-10 or
-// more keeps its smaller inputs within 2^-25 of their value, under 2^-15 of its largest.
+// exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
+// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
+// (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
+// fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
+// their TF32 value (truncated), under 2^-14 of its largest. The largest counts what a row's tile loads past the image's
+// last column (its first chunk, re-read): such a tile can keep a tiny row on the tensor cores.
 struct Tf32OnF16Walked : Tf32OnF16 {
-  // The largest magnitude of each half (bits; a NaN's is above every other), over a thread's words.
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFF7FFFu); }
-  __device__ static bool range_lists(uint32_t range) {
-    const uint32_t m = max(range & 0xFFFFu, range >> 16);
-    return m >= 0x7BFFu || (m != 0 && m < 0x1400u);
+  static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
+  static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t lo, uint32_t hi) {
+    return max(range, max(lo & 0x7FFFFFFFu, hi & 0x7FFFFFFFu));
+  }
+  // A largest |x| (of a thread's share, or of a row) that walks.
+  __device__ static bool range_lists(uint32_t largest) {
+    return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
   }
 };
 
@@ -2509,8 +2542,10 @@ struct GradWeightFed : GradGeometry {
   static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
   static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
   static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
-  static constexpr int kWalkOffset = kMaskOffset + kChunks;     // uint32: (the row's number from 1) << 1 | walk
-  static constexpr int kSlotBytes = (kWalkOffset + 4 + 15) / 16 * 16;
+  // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
+  static constexpr int kWalkOffset = kMaskOffset + kChunks;
+  static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
+  static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
   using Ring = RowRing<kSlots, kSlotBytes>;
   static constexpr int kRingBytes = kSlots * kSlotBytes;
@@ -2544,11 +2579,18 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
     uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
     uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
     const typename G::Ring ring{smem, bars};
-    const auto walk_word = [](const unsigned char* slot) {
+    const auto walk_words = [](const unsigned char* slot) {
       return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
     };
-    // The ring zeroed: a slot's columns that no row stores (a 256-column tile's last two where the row ends there)
-    // are read, times B's zeros, by the taps of pixels past the row; they must hold no infinity or NaN.
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    const auto row_walks = [&](const unsigned char* slot) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < G::kProducerWarps; ++w) bits |= walk_words(slot)[w];
+      return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));
+    };
+    // The ring zeroed (the walk words among it): the slots' columns past the input rows are read, times B's zeros,
+    // by the taps of pixels past the row; they must hold no infinity or NaN.
     for (int i = threadIdx.x; i < G::kRingBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
     for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
     for (int i = threadIdx.x; i < G::kPartial; i += blockDim.x) poison[i] = 0;
@@ -2598,10 +2640,21 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         }
         ring.acquire(row_no);
         unsigned char* const slot = ring.slot(row_no);
-        const bool walk = producer.vec16 ? producer.store(row, slot, x_img, y, col0)
-                                         : producer.copy_by_element(x_img, y, col0, slot);
-        const bool any = __any_sync(0xffffffffu, walk);
-        if (lane == 0) atomicMax(walk_word(slot), (row_no + 1) << 1 | (any ? 1u : 0u));
+        const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
+                                                         : producer.copy_folded_by_element(x_img, y, col0, slot));
+        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+          // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
+          // zeroed rather than left to an earlier row's infinities.
+          unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +
+                                      (G::Producer::kChunks - 1) * G::Producer::kVec * 16;
+#pragma unroll
+          for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (lane == 0) {
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+                                   (largest != 0 ? G::kNonzeroBit : 0u);
+        }
         if (record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
@@ -2660,7 +2713,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         const int col0 = at.cb * G::kCols, count = min(G::kCols, OW - col0);
         bool walk = false;
 #pragma unroll
-        for (int i = 1; i <= G::kKsize; ++i) walk |= (*walk_word(ring.slot(rows - i)) & 1u) != 0;
+        for (int i = 1; i <= G::kKsize; ++i) walk |= row_walks(ring.slot(rows - i));
         if (walk) {
           // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
           const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;
@@ -4568,12 +4621,12 @@ extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, in
           : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                     &per_sm);
   if (err != cudaSuccess) return err;
-  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of either (every CTA count is right)
+  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of both (any CTA count is right)
     int fed_per_sm = 0;
     err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
                                                                                       &fed_per_sm);
     if (err != cudaSuccess) return err;
-    per_sm = per_sm > fed_per_sm ? per_sm : fed_per_sm;
+    per_sm = per_sm < fed_per_sm ? per_sm : fed_per_sm;
   }
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -4605,8 +4658,12 @@ struct LaunchGradWeight {
         constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
         const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
         if (err != cudaSuccess) return err;
-        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
-                                                             grad_weight_steps<F::kCols>(N, H, W));
+        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+        const int scale_blocks = blocks;
+        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                             W, fed_steps);
       } else {  // bf16, fp16: the smem-tile kernel
         using M = kb25::GradWeightMma;
         constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;

@@ -474,14 +474,23 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const
   }
 }
 
-// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
-// elsewhere, so that the source compiles for every arch.
+// The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
+// kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 #if KB25_HAS_FUSED
   return __reduce_or_sync(0xffffffffu, v);
 #else
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
   return v;
 #endif
 }

@@ -8,17 +8,22 @@
 namespace kb25 {
 
 // The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
-// exactly in fp16's normal range), with a range check that walks instead of listing an image. A producer thread's
-// share of a row (its items, 4 columns x 8 channels each) that holds an input fp16 does not (65504 or more, +-inf,
-// NaN), or that is nonzero but all below 2^-10 (where fp16's 2^-24 steps would cost more than TF32's rounding), has
-// every step whose window holds the row summed in fp32 from global memory instead. A share with an input of 2^-10 or
-// more keeps its smaller inputs within 2^-25 of their value, under 2^-15 of its largest.
+// exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
+// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
+// (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
+// fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
+// their TF32 value (truncated), under 2^-14 of its largest. The largest counts what a row's tile loads past the image's
+// last column (its first chunk, re-read): such a tile can keep a tiny row on the tensor cores.
 struct Tf32OnF16Walked : Tf32OnF16 {
-  // The largest magnitude of each half (bits; a NaN's is above every other), over a thread's words.
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFF7FFFu); }
-  __device__ static bool range_lists(uint32_t range) {
-    const uint32_t m = max(range & 0xFFFFu, range >> 16);
-    return m >= 0x7BFFu || (m != 0 && m < 0x1400u);
+  static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
+  static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t lo, uint32_t hi) {
+    return max(range, max(lo & 0x7FFFFFFFu, hi & 0x7FFFFFFFu));
+  }
+  // A largest |x| (of a thread's share, or of a row) that walks.
+  __device__ static bool range_lists(uint32_t largest) {
+    return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
   }
 };
 
@@ -59,8 +64,10 @@ struct GradWeightFed : GradGeometry {
   static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
   static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
   static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
-  static constexpr int kWalkOffset = kMaskOffset + kChunks;     // uint32: (the row's number from 1) << 1 | walk
-  static constexpr int kSlotBytes = (kWalkOffset + 4 + 15) / 16 * 16;
+  // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
+  static constexpr int kWalkOffset = kMaskOffset + kChunks;
+  static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
+  static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
   using Ring = RowRing<kSlots, kSlotBytes>;
   static constexpr int kRingBytes = kSlots * kSlotBytes;
@@ -94,11 +101,18 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
     uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
     uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
     const typename G::Ring ring{smem, bars};
-    const auto walk_word = [](const unsigned char* slot) {
+    const auto walk_words = [](const unsigned char* slot) {
       return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
     };
-    // The ring zeroed: a slot's columns that no row stores (a 256-column tile's last two where the row ends there)
-    // are read, times B's zeros, by the taps of pixels past the row; they must hold no infinity or NaN.
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    const auto row_walks = [&](const unsigned char* slot) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < G::kProducerWarps; ++w) bits |= walk_words(slot)[w];
+      return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));
+    };
+    // The ring zeroed (the walk words among it): the slots' columns past the input rows are read, times B's zeros,
+    // by the taps of pixels past the row; they must hold no infinity or NaN.
     for (int i = threadIdx.x; i < G::kRingBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
     for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
     for (int i = threadIdx.x; i < G::kPartial; i += blockDim.x) poison[i] = 0;
@@ -148,10 +162,21 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         }
         ring.acquire(row_no);
         unsigned char* const slot = ring.slot(row_no);
-        const bool walk = producer.vec16 ? producer.store(row, slot, x_img, y, col0)
-                                         : producer.copy_by_element(x_img, y, col0, slot);
-        const bool any = __any_sync(0xffffffffu, walk);
-        if (lane == 0) atomicMax(walk_word(slot), (row_no + 1) << 1 | (any ? 1u : 0u));
+        const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
+                                                         : producer.copy_folded_by_element(x_img, y, col0, slot));
+        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+          // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
+          // zeroed rather than left to an earlier row's infinities.
+          unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +
+                                      (G::Producer::kChunks - 1) * G::Producer::kVec * 16;
+#pragma unroll
+          for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (lane == 0) {
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+                                   (largest != 0 ? G::kNonzeroBit : 0u);
+        }
         if (record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
@@ -210,7 +235,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         const int col0 = at.cb * G::kCols, count = min(G::kCols, OW - col0);
         bool walk = false;
 #pragma unroll
-        for (int i = 1; i <= G::kKsize; ++i) walk |= (*walk_word(ring.slot(rows - i)) & 1u) != 0;
+        for (int i = 1; i <= G::kKsize; ++i) walk |= row_walks(ring.slot(rows - i));
         if (walk) {
           // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
           const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;

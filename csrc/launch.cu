@@ -264,12 +264,12 @@ extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, in
           : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                     &per_sm);
   if (err != cudaSuccess) return err;
-  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of either (every CTA count is right)
+  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of both (any CTA count is right)
     int fed_per_sm = 0;
     err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
                                                                                       &fed_per_sm);
     if (err != cudaSuccess) return err;
-    per_sm = per_sm > fed_per_sm ? per_sm : fed_per_sm;
+    per_sm = per_sm < fed_per_sm ? per_sm : fed_per_sm;
   }
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -301,8 +301,12 @@ struct LaunchGradWeight {
         constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
         const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
         if (err != cudaSuccess) return err;
-        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
-                                                             grad_weight_steps<F::kCols>(N, H, W));
+        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+        const int scale_blocks = blocks;
+        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                             W, fed_steps);
       } else {  // bf16, fp16: the smem-tile kernel
         using M = kb25::GradWeightMma;
         constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;

@@ -135,9 +135,9 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
-  // asks at the row's end whether that lists the image, range_lists).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, with the
+  // input words it came from, and asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t, uint32_t) { return range; }
   __device__ static bool range_lists(uint32_t) { return false; }
 };
 
@@ -206,7 +206,9 @@ struct Tf32OnF16 {
   }
   // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
   // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w, uint32_t, uint32_t) {
+    return range | ((w & 0x7FFF7FFFu) + 0x04010401u);
+  }
   __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // The largest of the |tf32(w)| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -296,7 +298,9 @@ struct Fp32OnF16x3 {
   }
   // Over a thread's hi and lo words: the largest magnitude of each half (bits; a NaN's is above every other). A lo is
   // never larger than its hi, but nonzero where hi rounded a value below 2^-25 to 0 (that value is then counted).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h, uint32_t, uint32_t) {
+    return __vmaxu2(range, h & 0x7FFF7FFFu);
+  }
   // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and none above 2^-14 (a lo
   // under a subnormal hi reaches 2^-14 at most).
   __device__ static bool range_lists(uint32_t range) {

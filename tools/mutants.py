@@ -37,8 +37,8 @@ def node(test, key=None, shape=None):
 MUTANTS = {
     # TF32 on fp16 operands: no input is ever out of range, so nothing goes to the guard
     "carrier_guard_disabled": (
-        "__device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }",
-        "__device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return 0u * (range | w); }",
+        "    return range | ((w & 0x7FFF7FFFu) + 0x04010401u);",
+        "    return 0u * (range | w);",
         ["test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm90_tf32_f16]",
          "test_guard_lists_and_recomputes_inputs_fp16_does_not_hold[sm80_tf32_f16]",
          "test_guard_runs_in_one_stream_under_cuda_graphs"],
@@ -149,8 +149,8 @@ MUTANTS = {
     ),
     # the element-by-element path (rows not in whole 16-byte chunks) narrows NaNs as they come
     "carrier_by_element_nan_not_quieted": (
-        "Precision::narrow2(Precision::kFastNeedsNoNaN ? quiet_nan(e) : e, 0)",
-        "Precision::narrow2(e, 0)",
+        "const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;",
+        "const Bits v = e;",
         [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits_by_element"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_f16", shape="all_bits_by_element")],
     ),
@@ -246,7 +246,7 @@ MUTANTS = {
     ),
     # strict fp32 on fp16 parts: the lo words are not folded into the range, so values all below 2^-25 (hi 0) stay
     "strict_f16_dust_not_listed": (
-        "            range = Precision::range_fold(range, q[col][k]);  // lo: nonzero where hi rounded a value to 0\n",
+        "            range = Precision::range_fold(range, q[col][k], 0u, 0u);  // lo: nonzero where hi rounded a value to 0\n",
         "",
         ["test_strict_on_fp16_parts_gives_fp32_products[sm90_f16x3-dust]"],
     ),
@@ -596,7 +596,7 @@ MUTANTS = {
     ),
     # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_fed_never_walks": (
-        "walk |= (*walk_word(ring.slot(rows - i)) & 1u) != 0;",
+        "walk |= row_walks(ring.slot(rows - i));",
         "walk |= false;",
         [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
          node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
@@ -607,11 +607,12 @@ MUTANTS = {
         "for (int i = 1; i <= 1; ++i) walk |=",
         [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-tf32")],
     ),
-    # the fed dW multiplies shares of a row that are all tiny in fp16 (2^-24 steps) instead of walking them
-    "grad_weight_fed_ignores_tiny_shares": (
-        "return m >= 0x7BFFu || (m != 0 && m < 0x1400u);",
-        "return m >= 0x7BFFu;",
-        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100")],
+    # the fed dW multiplies rows that are all tiny in fp16 (2^-24 steps, or 0 below 2^-24) instead of walking them
+    "grad_weight_fed_ignores_tiny_rows": (
+        "return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));",
+        "return (bits & G::kTooLargeBit) != 0;",
+        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100"),
+         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="dust_x-A100")],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (

@@ -224,9 +224,10 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
+// elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
@@ -2372,7 +2373,7 @@ struct RowProducer {
         }
       }
     }
-    return out_of_range(range);
+    return range;
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
   // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
@@ -2491,8 +2492,7 @@ namespace kb25 {
 // input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
 // (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
 // fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
-// their TF32 value (truncated), under 2^-14 of its largest. The largest counts what a row's tile loads past the image's
-// last column (its first chunk, re-read): such a tile can keep a tiny row on the tensor cores.
+// their TF32 value (truncated), under 2^-14 of its largest.
 struct Tf32OnF16Walked : Tf32OnF16 {
   static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
   static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
@@ -2640,6 +2640,19 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         }
         ring.acquire(row_no);
         unsigned char* const slot = ring.slot(row_no);
+        if (producer.vec16) {
+          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
+          // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
+#pragma unroll
+          for (int k = 0; k < G::Producer::kMine; ++k) {
+            int grp, chunk;
+            G::Producer::place(ptid + k * G::kProducerThreads, grp, chunk);
+            if (col0 + G::Producer::kVec * chunk >= W) {
+#pragma unroll
+              for (int c = 0; c < G::Producer::kChannels; ++c) row.raw[k][c] = make_uint4(0, 0, 0, 0);
+            }
+          }
+        }
         const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
                                                          : producer.copy_folded_by_element(x_img, y, col0, slot));
         if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
@@ -4607,27 +4620,26 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks) {
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
+// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks) {
   using Walk = kb25::GradWeight;
   using Mma = kb25::GradWeightMma;
   using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  cudaError_t err =
-      tensor_cores
-          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                        &per_sm)
-          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                    &per_sm);
-  if (err != cudaSuccess) return err;
-  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of both (any CTA count is right)
-    int fed_per_sm = 0;
+  cudaError_t err;
+  if (!tensor_cores) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                  &per_sm);
+  } else if (elem == kb25::kElemFloat32) {
     err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                      &fed_per_sm);
-    if (err != cudaSuccess) return err;
-    per_sm = per_sm < fed_per_sm ? per_sm : fed_per_sm;
+                                                                                      &per_sm);
+  } else {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                       &per_sm);
   }
+  if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
   return cudaSuccess;
@@ -4777,9 +4789,10 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
+// elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
@@ -5242,7 +5255,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                               (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     int blocks = 0;
     const cudaError_t blocks_err =
-        conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back

@@ -715,8 +715,12 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
     assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_mma_kernel", "grad_weight_reduce_kernel"):
-        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
+    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient for float32 x and the
+    # smem-tile one for 16-bit x
+    dtypes = len(model_new.ARGMIN_BACKWARD_DTYPES)
+    for part, count in (("grad_input_kernel", dtypes), ("grad_weight_kernel", dtypes), ("grad_weight_fed_kernel", 1),
+                        ("grad_weight_mma_kernel", dtypes - 1), ("grad_weight_reduce_kernel", dtypes)):
+        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == count, (part, list(kernels))
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
         runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
@@ -2061,12 +2065,15 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image", "dust_x"])
-def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile, case, tf32_default):
+@pytest.mark.parametrize("width", [150, 152], ids=["by_element", "aligned"])
+def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile, case, width, tf32_default):
     """The tensor cores' fp16 operands keep 2^-24 steps. Where all of x is tiny (rand * 1e-6) its steps are summed in
     fp32; x = rand * 1e-3 (a twentieth of it below fp16's normals) stays on the tensor cores within TF32's class; one
-    tiny image beside a normal one mixes the two; x = rand * 1e-8, all below 2^-24 (zeros in fp16), is walked too. dW against the float64 chain (and on TF32-rounded operands, where
-    the tensor cores ran alone), db and dX within fp32's bound."""
-    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 40, 150), seed=67)
+    tiny image beside a normal one mixes the two; x = rand * 1e-8, all below 2^-24 (zeros in fp16), is walked too.
+    Rows loaded element by element (width 150) and in 16-byte chunks (152): the producer folds each its own way. dW
+    against the float64 chain (and on TF32-rounded operands, where the tensor cores ran alone), db and dX within
+    fp32's bound."""
+    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 40, width), seed=67)
     with torch.no_grad():
         if case == "tiny_x":
             x *= 1e-6
@@ -2096,7 +2103,7 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
 @needs_cuda
 @pytest.mark.parametrize("precision", ["strict_fp32", "tf32", "fp16"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 130)], ids=["one_step", "many_steps"])
+@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 132)], ids=["one_step", "many_steps"])
 def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precision, forward_mode, tf32_default):
     """NaN inputs: NaN where the reference's dense chain has NaN (dW for every channel at the NaN's taps: 0 * NaN; dX
     around it), its values elsewhere; on a shape where each backward CTA runs many steps, with NaNs in interior rows

@@ -13,8 +13,7 @@ namespace kb25 {
 // input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
 // (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
 // fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
-// their TF32 value (truncated), under 2^-14 of its largest. The largest counts what a row's tile loads past the image's
-// last column (its first chunk, re-read): such a tile can keep a tiny row on the tensor cores.
+// their TF32 value (truncated), under 2^-14 of its largest.
 struct Tf32OnF16Walked : Tf32OnF16 {
   static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
   static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
@@ -162,6 +161,19 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         }
         ring.acquire(row_no);
         unsigned char* const slot = ring.slot(row_no);
+        if (producer.vec16) {
+          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
+          // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
+#pragma unroll
+          for (int k = 0; k < G::Producer::kMine; ++k) {
+            int grp, chunk;
+            G::Producer::place(ptid + k * G::kProducerThreads, grp, chunk);
+            if (col0 + G::Producer::kVec * chunk >= W) {
+#pragma unroll
+              for (int c = 0; c < G::Producer::kChannels; ++c) row.raw[k][c] = make_uint4(0, 0, 0, 0);
+            }
+          }
+        }
         const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
                                                          : producer.copy_folded_by_element(x_img, y, col0, slot));
         if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {

@@ -250,27 +250,26 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks) {
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
+// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks) {
   using Walk = kb25::GradWeight;
   using Mma = kb25::GradWeightMma;
   using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  cudaError_t err =
-      tensor_cores
-          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                        &per_sm)
-          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                    &per_sm);
-  if (err != cudaSuccess) return err;
-  if (tensor_cores) {  // float32 x takes the fed kernel: as many CTAs as fit of both (any CTA count is right)
-    int fed_per_sm = 0;
+  cudaError_t err;
+  if (!tensor_cores) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                  &per_sm);
+  } else if (elem == kb25::kElemFloat32) {
     err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                      &fed_per_sm);
-    if (err != cudaSuccess) return err;
-    per_sm = per_sm < fed_per_sm ? per_sm : fed_per_sm;
+                                                                                      &per_sm);
+  } else {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                       &per_sm);
   }
+  if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
   return cudaSuccess;

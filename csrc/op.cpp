@@ -467,7 +467,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                               (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     int blocks = 0;
     const cudaError_t blocks_err =
-        conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back

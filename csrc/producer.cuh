@@ -275,7 +275,7 @@ struct RowProducer {
         }
       }
     }
-    return out_of_range(range);
+    return range;
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
   // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the

@@ -611,8 +611,9 @@ MUTANTS = {
     "grad_weight_fed_ignores_tiny_rows": (
         "return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));",
         "return (bits & G::kTooLargeBit) != 0;",
-        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="tiny_x-H100"),
-         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="dust_x-A100")],
+        [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="aligned-tiny_x-H100"),
+         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="by_element-dust_x-A100"),
+         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="aligned-dust_x-A100")],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (

@@ -2101,6 +2101,24 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
 
 
 @needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_16bit_weight_gradient_walks_tiny_rows(profile, tf32_default):
+    """bf16 x all far below fp16's normals (rand * 1e-7): the smem-tile weight gradient carries bf16 x in fp16, whose
+    2^-24 steps would round most of it to 0 or 6e-8, so its windows are summed in fp32 instead, and dW is the float64
+    chain's within bf16's one rounding."""
+    new, x, g, _ = _train_setup(profile, "bf16", (2, 16, 40, 152), seed=68)
+    with torch.no_grad():
+        x *= 1e-7
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, _, dw, _ = _grads(new, x, g)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)[1]
+    err = harness.relative_error(dw, want)
+    assert err <= ROUTED_TOL["bf16"], f"{profile}: dw {err}"
+
+
+@needs_cuda
 @pytest.mark.parametrize("precision", ["strict_fp32", "tf32", "fp16"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 132)], ids=["one_step", "many_steps"])

@@ -1025,8 +1025,8 @@ def test_chooser_picks_only_kernels_each_arch_can_launch():
 
 def test_argmin_order_is_torch_mins_in_any_fold_order():
     """keep_min (the saving epilogues' combine, host code of the CUDA source) folded over 64-channel pixels in three
-    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own) gives
-    torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
+    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own), and
+    scan_min (the in-register scans) in channel order, give torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
     lowest channel. Pixels drawn from a few values (many ties, NaN, +-inf, +-0) and from random floats."""
     gen = torch.Generator().manual_seed(0)
     numbers = torch.tensor([float("-inf"), float("inf"), -1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
@@ -1040,7 +1040,7 @@ def test_argmin_order_is_torch_mins_in_any_fold_order():
                     for r in rows)
     out = _host_program("argmin", input=stdin)
     results = [line.split() for line in out.splitlines()]
-    assert len(results) == len(rows)
+    assert len(results) == len(rows) and all(len(got) == 8 for got in results)
     for r, got in zip(rows, results):
         value, index = torch.min(r, dim=0)
         for bits, channel in zip(got[0::2], got[1::2]):
@@ -1961,6 +1961,38 @@ def test_training_backward_follows_the_saved_argmin(profile, forward_mode, tf32_
                 assert got.dtype == spec.dtype and got.shape == truth.shape
                 err = harness.relative_error(got, truth)
                 assert err <= tol[name], f"{where} d{name}: {err}"
+
+
+# Ragged shapes for one kernel's saving variant: tiles cut by the image's right edge (64-, 128- and 256-column tiles),
+# a width whose rows are not 16-byte aligned (element-by-element loads), and enough rows that consumer ranges start
+# and end inside column strips.
+KERNEL_SAVING_SHAPES = [(3, 16, 37, 300), (2, 16, 70, 131), (5, 16, 131, 70)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", model_new.FUSED_KERNELS)
+def test_every_kernels_saving_variant_follows_float64(kernel, tf32_default):
+    """Each fused kernel's saving variant run by name (the chooser takes one kernel a precision; this reaches the
+    others too): its output is its inference variant's bit for bit, its argmin the float64 conv's wherever the best
+    two channels are apart by more than the precision's error, and its pre-tanh min the float64 min (of x as the
+    kernel reads it: a 16-bit kernel with a float32 input rounds x to its dtype)."""
+    row = _row(kernel)
+    if not model_new.fused_kernel_launches(kernel):
+        pytest.skip(f"{kernel} does not launch on this GPU")
+    torch.backends.cudnn.allow_tf32 = row.precision != "strict_fp32"
+    dtype = harness.PRECISIONS[row.precision].dtype
+    _, new = harness.make_models(62, device="cuda")
+    w, b = (t.detach().to(dtype) for t in (new.conv.weight, new.conv.bias))
+    for i, shape in enumerate(KERNEL_SAVING_SHAPES):
+        x = harness.make_input(shape, seed=63 + i, device="cuda", dtype=model_new.INPUT_DTYPES[row.input])
+        out, argmin, pre_min = model_new.run_fused_kernel_saving(x, w, b, kernel)
+        assert torch.equal(out, model_new.run_fused_kernel(x, w, b, kernel)), (kernel, shape)
+        y64 = torch.conv2d(x.to(dtype).double(), w.double(), b.double())
+        best2 = y64.topk(2, dim=1, largest=False).values
+        clear = (best2[:, 1:] - best2[:, :1]) > ARGMIN_GAP[row.precision]
+        assert clear.float().mean() > 0.5, f"too few pixels with a clear argmin: {clear.float().mean()}"
+        assert torch.equal(argmin.long()[clear], y64.argmin(1, keepdim=True)[clear]), (kernel, shape)
+        assert (pre_min.double() - best2[:, :1]).abs().max() <= PRE_MIN_TOL[row.precision], (kernel, shape)
 
 
 @needs_cuda

@@ -83,8 +83,13 @@ GUARD_TAGS = ("Tf32RoundNearest", "Tf32x3")
 # step's minima, 16-bit ones packed, in one of `write_buffers` buffers and its producer threads write them);
 # write_buffers: the staged buffers a consumer cycles through (0 where mma.sync writes from registers).
 # docs/design.md says why each row is what it is.
+# layout (wgmma only): "channels" (A = the weights, M = the 64 output channels, N = the tile's pixels; a step is an
+# output row segment over a 3-row window, the min by a lane butterfly) or "rows" (A = 64 pixels of one input row, B =
+# the weights of all three kernel rows, N = 192: three output rows' accumulators rotate, a step is one input row and
+# the min is in registers; rows_wgmma.cuh).
 class FusedKernel(collections.namedtuple(
-        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
+        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers "
+        "layout", defaults=("channels",))):
     @property
     def tag(self):
         return PRECISION_TAGS[(self.precision, self.operand, self.input)]
@@ -94,11 +99,15 @@ FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
     FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
+    # The same on the row-streaming layout: 64-column tiles, each consumer's rows in flight four at a time.
+    FusedKernel("sm90_tf32_f16_rows", "wgmma", "tf32", "fp16", "fp32", 64, 2, 4, 8, "inline", 0, "rows"),
     # Strict fp32 as fp16 hi/lo parts, three products; its guard is the 3xTF32 kernel of the same MMA.
     FusedKernel("sm90_f16x3", "wgmma", "strict_fp32", "fp16x3", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
+    FusedKernel("sm90_bf16_rows", "wgmma", "bf16", "bf16", "bf16", 64, 2, 4, 8, "inline", 0, "rows"),
+    FusedKernel("sm90_fp16_rows", "wgmma", "fp16", "fp16", "fp16", 64, 2, 4, 8, "inline", 0, "rows"),
     # Autocast's: float32 x, rounded to bf16 / fp16 by the producer (the same shared-memory layout).
     FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),

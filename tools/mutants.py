@@ -632,7 +632,8 @@ MUTANTS = {
     "saved_argmin_drops_the_warp": (
         "keep_min(m, channel, minima[w * kRedPitch + at], 16 * w + channels[w * kRedPitch + at]);",
         "keep_min(m, channel, minima[w * kRedPitch + at], channels[w * kRedPitch + at]);",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
+         "test_every_kernels_saving_variant_follows_float64[sm90_tf32x3]"],
     ),
     # the row-streaming kernels' weights: a block gets kernel row (r + kh) mod 3 instead of (r - kh) mod 3
     "rows_wrong_rotation": (
@@ -686,7 +687,9 @@ MUTANTS = {
         "const int s = 2 * (t & 1) + (t >> 1);",
         "const int s = t;",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
-         node("test_training_backward_follows_the_saved_argmin", shape="inference_forward-H100")],
+         node("test_training_backward_follows_the_saved_argmin", shape="inference_forward-H100"),
+         "test_every_kernels_saving_variant_follows_float64[sm90_tf32_f16]",
+         "test_every_kernels_saving_variant_follows_float64[sm90_bf16]"],
     ),
     # the mma.sync saving epilogue drops the quad position from the channel
     "mma_sync_saved_channel_drops_the_quad": (

@@ -99,15 +99,11 @@ FUSED_TABLE = (
     # TF32 on fp16 operands, fp32 x read and rounded by the producer; its guard is the TF32 kernel of the same MMA.
     FusedKernel("sm90_tf32_f16", "wgmma", "tf32", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_tf32", "wgmma", "tf32", "tf32", "fp32", 256, 2, 4, 5, "inline", 2),
-    # The same on the row-streaming layout: 64-column tiles, each consumer's rows in flight four at a time.
-    FusedKernel("sm90_tf32_f16_rows", "wgmma", "tf32", "fp16", "fp32", 64, 2, 4, 8, "inline", 0, "rows"),
     # Strict fp32 as fp16 hi/lo parts, three products; its guard is the 3xTF32 kernel of the same MMA.
     FusedKernel("sm90_f16x3", "wgmma", "strict_fp32", "fp16x3", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_tf32x3", "wgmma", "strict_fp32", "tf32", "fp32", 128, 2, 4, 4, "inline", 2),
     FusedKernel("sm90_bf16", "wgmma", "bf16", "bf16", "bf16", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16", "wgmma", "fp16", "fp16", "fp16", 256, 2, 4, 8, "handed", 4),
-    FusedKernel("sm90_bf16_rows", "wgmma", "bf16", "bf16", "bf16", 64, 2, 4, 8, "inline", 0, "rows"),
-    FusedKernel("sm90_fp16_rows", "wgmma", "fp16", "fp16", "fp16", 64, 2, 4, 8, "inline", 0, "rows"),
     # Autocast's: float32 x, rounded to bf16 / fp16 by the producer (the same shared-memory layout).
     FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
@@ -124,6 +120,11 @@ FUSED_TABLE = (
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
+    # The row-streaming layout (wgmma): 64-column tiles, each consumer's rows in flight four at a time. Last, so that
+    # the chooser never takes them until a GPU has measured them against the rows above (they run by name).
+    FusedKernel("sm90_tf32_f16_rows", "wgmma", "tf32", "fp16", "fp32", 64, 2, 4, 8, "inline", 0, "rows"),
+    FusedKernel("sm90_bf16_rows", "wgmma", "bf16", "bf16", "bf16", 64, 2, 4, 8, "inline", 0, "rows"),
+    FusedKernel("sm90_fp16_rows", "wgmma", "fp16", "fp16", "fp16", 64, 2, 4, 8, "inline", 0, "rows"),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 # The guards: the rows of a guard tag with a guarded row of the same precision and MMA (the others carry no code for
@@ -191,14 +192,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 20;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32_f16_rows", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_rows", "sm90_fp16_rows", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 0, 1, 1, 2, 3, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32", "sm90_tf32_f16_rows", "sm90_bf16_rows", "sm90_fp16_rows"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3, 0, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 0, 3, 2, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0, 0, 3, 2};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, true, false, false, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, true, false, false, false, false, false, false, false, true, true, false, true, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false, true, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -2151,7 +2152,10 @@ namespace kb25 {
 // (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
 // selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
 // chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
-template <class Geometry, int kThreads>
+// kLateInFlight: the late items are loaded with the body, before the slot wait, and held in registers across it (the
+// row-streaming kernels: their rows are a quarter of a channel-major step's work, and a second round trip to memory
+// after the wait would halve the rows each producer set keeps in flight).
+template <class Geometry, int kThreads, bool kLateInFlight = false>
 struct RowProducer {
   using Elem = typename Geometry::XElem;  // x's element type
   using Precision = typename Geometry::Precision;
@@ -2170,7 +2174,7 @@ struct RowProducer {
   static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
+  static constexpr int kRegisters = (kMine + (kLateInFlight ? 1 : 0)) * kChannels * 4;  // one row in flight
   static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
@@ -2178,6 +2182,7 @@ struct RowProducer {
                 "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
     uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
+    uint4 late[kChannels];        // kLateInFlight: the thread's late item (unused otherwise)
   };
   const int64_t plane;
   const int W, tid;
@@ -2316,6 +2321,9 @@ struct RowProducer {
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
+    // Unconditional: past the row's end load_item reads the image's first chunk, which store_folded() does not store.
+    if constexpr (kLateInFlight)
+      if (tid < kLate) load_item(row.late, kBody + tid, x_img, y, col0);
   }
   // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
   // leaves some threads without one).
@@ -2335,9 +2343,13 @@ struct RowProducer {
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      uint4 raw[kChannels];
-      load_item(raw, kBody + tid, x_img, y, col0);
-      range = store_item(quieted(raw), kBody + tid, slot, range);
+      if constexpr (kLateInFlight) {
+        range = store_item(quieted(row.late), kBody + tid, slot, range);
+      } else {
+        uint4 raw[kChannels];
+        load_item(raw, kBody + tid, x_img, y, col0);
+        range = store_item(quieted(raw), kBody + tid, slot, range);
+      }
     }
     return range;
   }
@@ -3957,12 +3969,13 @@ struct WgmmaRowsMainloop {
   }
 };
 
-// The row-streaming epilogue: block kB's output row from registers. Lane (g, t) of warp w holds pixels 16 w + g
-// (accumulator elements 0, 1) and 16 w + g + 8 (2, 3), channels 8 i + 2 t + (e & 1) in acc[8 kB + i]. Each pixel's
-// min over the thread's 16 channels (saving: and its channel, scanned in channel order as torch.min picks it,
-// precedes()), then two quad steps: lanes xor 1 each keep one of the two pixels, lanes xor 2 exchange it, so lane t
-// ends with pixel 16 w + g + 8 (t & 1) over all 64 channels; lanes t = 0, 1 write it (a warp's store: 16 consecutive
-// pixels). Nothing in shared memory.
+// The row-streaming epilogue: block kB's output row from registers, in two halves. reduce() runs as soon as the row's
+// MMAs have landed and reads the accumulators: lane (g, t) of warp w holds pixels 16 w + g (accumulator elements 0, 1)
+// and 16 w + g + 8 (2, 3), channels 8 i + 2 t + (e & 1) in acc[8 kB + i]; each pixel's min over the thread's 16
+// channels (saving: and its channel, scanned in channel order as torch.min picks it, scan_min). write() runs while the
+// next row's MMAs are in flight and touches no accumulator: two quad steps (lanes xor 1 each keep one of the two
+// pixels, lanes xor 2 exchange it), so lane t ends with pixel 16 w + g + 8 (t & 1) over all 64 channels; lanes t = 0,
+// 1 write it (a warp's store: 16 consecutive pixels). Nothing in shared memory.
 template <class Mainloop, bool kSave>
 struct WgmmaRowsEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -3976,21 +3989,25 @@ struct WgmmaRowsEpilogue {
   float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   const int ctid;
   __device__ explicit WgmmaRowsEpilogue(int ctid_) : ctid(ctid_) {}
+  // A reduced row between its two halves: the thread's two pixels' minima (and channels, kSave).
+  struct Partial {
+    float m[2];
+    int c[2];
+  };
 
   template <int kB>
-  __device__ void write(const typename Mainloop::Accum& acc, const RowOut<Elem>& dst, int col0, int OW) const {
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     constexpr int kN8 = Mainloop::kBlockN8;
-    const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2, t = lane & 3;
-    float m[2];
-    int c[2] = {2 * t, 2 * t};
+    const int t = ctid & 3;
+    Partial p;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (kSave) {
-        float best = acc[kB * kN8][2 * h];
+        p.m[h] = acc[kB * kN8][2 * h];
+        p.c[h] = 2 * t;
 #pragma unroll
         for (int k = 1; k < 2 * kN8; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          scan_min(best, c[h], acc[kB * kN8 + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
-        m[h] = best;
+          scan_min(p.m[h], p.c[h], acc[kB * kN8 + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
       } else {  // two chains (even and odd channels) for the scheduler
         float even = acc[kB * kN8][2 * h], odd = acc[kB * kN8][2 * h + 1];
 #pragma unroll
@@ -3998,17 +4015,22 @@ struct WgmmaRowsEpilogue {
           even = nan_min(even, acc[kB * kN8 + i][2 * h]);
           odd = nan_min(odd, acc[kB * kN8 + i][2 * h + 1]);
         }
-        m[h] = nan_min(even, odd);
+        p.m[h] = nan_min(even, odd);
+        p.c[h] = 0;
       }
     }
+    return p;
+  }
+
+  __device__ void write(const Partial& p, const RowOut<Elem>& dst, int col0, int OW) const {
+    const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2, t = lane & 3;
     // Lanes xor 1: lane t keeps pixel t & 1 and takes its partner's value of it.
     const int h = t & 1;
-    float v = h ? m[1] : m[0];
-    int channel = h ? c[1] : c[0];
-    const float sent = h ? m[0] : m[1];
-    const float got = __shfl_xor_sync(0xffffffffu, sent, 1);
+    float v = h ? p.m[1] : p.m[0];
+    int channel = h ? p.c[1] : p.c[0];
+    const float got = __shfl_xor_sync(0xffffffffu, h ? p.m[0] : p.m[1], 1);
     if constexpr (kSave) {
-      keep_min(v, channel, got, __shfl_xor_sync(0xffffffffu, h ? c[0] : c[1], 1));
+      keep_min(v, channel, got, __shfl_xor_sync(0xffffffffu, h ? p.c[0] : p.c[1], 1));
       keep_min(v, channel, __shfl_xor_sync(0xffffffffu, v, 2), __shfl_xor_sync(0xffffffffu, channel, 2));
     } else {
       v = nan_min(v, got);
@@ -4069,7 +4091,7 @@ struct SharedStorage<Consumer, kConsumers, kSharedBytes, kSlots, 0> {  // the co
 // warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
 // into its 3 slots (SelfFeed): that leaves the register file to two consumer warps per scheduler.
 template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_, class Schedule_>
-struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync> {
   using Geometry = ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync>;
   static constexpr bool kUsesWgmma = kMma != MmaKind::kMmaSync;
   static constexpr bool kStreamsRows = kMma == MmaKind::kWgmmaRows;
@@ -4105,7 +4127,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static_assert(!kSelfFed || (!kUsesWgmma && kRing_ == Geometry::kKsize), "self-fed: mma.sync, the window's slots only");
   static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
   static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
-  using Producer = RowProducer<Geometry, kRowThreads>;
+  using Producer = RowProducer<Geometry, kRowThreads, (kRowsInFlight > 1)>;
   // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
   // earlier, once the consumer has released that slot's previous row. A mainloop that releases the window's oldest
   // row as soon as its MMAs have read it (Mainloop::kReleasesOldestEarly) lets the producer store into that slot
@@ -4157,13 +4179,10 @@ namespace kb25 {
 
 using Sm90Tf32F16 = FusedTraits<MmaKind::kWgmma, Tf32OnF16, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Tf32 = FusedTraits<MmaKind::kWgmma, Tf32RoundNearest, 256, 2, 4, 5, Schedule<WriteSchedule::kInline, 2>>;
-using Sm90Tf32F16Rows = FusedTraits<MmaKind::kWgmmaRows, Tf32OnF16, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
 using Sm90F16x3 = FusedTraits<MmaKind::kWgmma, Fp32OnF16x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Tf32x3 = FusedTraits<MmaKind::kWgmma, Tf32x3, 128, 2, 4, 4, Schedule<WriteSchedule::kInline, 2>>;
 using Sm90Bf16 = FusedTraits<MmaKind::kWgmma, Native16<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Fp16 = FusedTraits<MmaKind::kWgmma, Native16<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
-using Sm90Bf16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__nv_bfloat16>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Fp16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__half>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
 using Sm90Bf16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__nv_bfloat16>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm90Fp16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__half>, 256, 2, 4, 8, Schedule<WriteSchedule::kHanded, 4>>;
 using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -4175,6 +4194,9 @@ using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2,
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm90Tf32F16Rows = FusedTraits<MmaKind::kWgmmaRows, Tf32OnF16, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
+using Sm90Bf16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__nv_bfloat16>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
+using Sm90Fp16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__half>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
 
 template <>
 inline constexpr bool kRecomputesListed<Sm90Tf32> = true;
@@ -4189,7 +4211,7 @@ inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90Tf32F16Rows) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16Rows) X(Sm90Fp16Rows) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32) X(Sm90Tf32F16Rows) X(Sm90Bf16Rows) X(Sm90Fp16Rows)
 
 namespace kb25 {
 
@@ -4398,10 +4420,12 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 
 // A row-streaming consumer (Traits::kStreamsRows: WgmmaRowsMainloop, WgmmaRowsEpilogue) walks its steps [begin,
 // end) a window at a time: the steps of one column strip within the range, whose rows arrive as RowCursor has them
-// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, its three MMAs into
-// the rotating accumulators, wait for them and free the slot; from the window's third row on, the block the row
-// completed is written; then that block starts the window's next output row from the bias. The rotation is a template
-// argument (phase P = the row's index in the window mod 3), so that every accumulator index is a constant.
+// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, issue its three MMAs
+// into the rotating accumulators, write the output row reduced one row before while they run, wait for them and free
+// the slot; from the window's third row on, reduce the block the row completed (its minima leave the accumulators);
+// then that block starts the window's next output row from the bias. No MMA stays in flight across a row. The
+// rotation is a template argument (phase P = the row's index in the window mod 3), so that every accumulator index
+// is a constant.
 template <class Traits, bool kSave>
 __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_in, int ctid, int64_t begin, int64_t end,
                                              const typename Traits::ParamElem* __restrict__ b,
@@ -4411,11 +4435,23 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
                                              const Images& images) {
   using Elem = typename Traits::Elem;
   using Mainloop = typename Traits::Mainloop;
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
   const Mainloop mainloop(shared, b, ctid);
-  typename Traits::template EpilogueFor<kSave> epilogue(ctid);
+  Epilogue epilogue(ctid);
   epilogue.out_scale = Traits::Precision::scale_of(Mainloop::scratch(shared), -1);
   typename Mainloop::Accum acc;
   Mainloop::clear(acc);
+  // The output row reduced but not yet written: its first pixel (-1: none) and column block.
+  typename Epilogue::Partial pending;
+  int64_t pending_row = -1;
+  int pending_col0 = 0;
+  const auto write_pending = [&] {
+    if (pending_row >= 0) {
+      epilogue.write(pending, RowOut<Elem>{out + pending_row, kSave ? argmin + pending_row : nullptr,
+                                           kSave ? pre_min + pending_row : nullptr}, pending_col0, OW);
+    }
+    pending_row = -1;
+  };
   StepWalker at(begin, OH, col_blocks);
   uint32_t d = 0;  // rows received so far
   for (int64_t s = begin; s < end;) {
@@ -4428,13 +4464,14 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
       if (u >= run + 2) return false;
       rows_in.wait(d);
       mainloop.start(acc, rows_in.slot(d), P);
+      write_pending();
       Mainloop::finish(acc);
       rows_in.release(d);
       ++d;
       if (u >= 2) {
-        const int64_t r = first + (int64_t)(u - 2) * OW;
-        epilogue.template write<kDone>(acc, RowOut<Elem>{out + r, kSave ? argmin + r : nullptr,
-                                                         kSave ? pre_min + r : nullptr}, col0, OW);
+        pending = epilogue.template reduce<kDone>(acc);
+        pending_row = first + (int64_t)(u - 2) * OW;
+        pending_col0 = col0;
       }
       mainloop.template reset<kDone>(acc);
       return true;
@@ -4454,6 +4491,7 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
       }
     }
   }
+  write_pending();
 }
 
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
@@ -5071,14 +5109,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 20;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_tf32_f16_rows", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_rows", "sm90_fp16_rows", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 0, 1, 1, 2, 3, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32", "sm90_tf32_f16_rows", "sm90_bf16_rows", "sm90_fp16_rows"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3, 0, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 0, 3, 2, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0, 0, 3, 2};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, true, false, false, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, false, true, false, false, false, false, false, false, false, true, true, false, true, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false, true, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {

@@ -210,10 +210,12 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
 
 // A row-streaming consumer (Traits::kStreamsRows: WgmmaRowsMainloop, WgmmaRowsEpilogue) walks its steps [begin,
 // end) a window at a time: the steps of one column strip within the range, whose rows arrive as RowCursor has them
-// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, its three MMAs into
-// the rotating accumulators, wait for them and free the slot; from the window's third row on, the block the row
-// completed is written; then that block starts the window's next output row from the bias. The rotation is a template
-// argument (phase P = the row's index in the window mod 3), so that every accumulator index is a constant.
+// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, issue its three MMAs
+// into the rotating accumulators, write the output row reduced one row before while they run, wait for them and free
+// the slot; from the window's third row on, reduce the block the row completed (its minima leave the accumulators);
+// then that block starts the window's next output row from the bias. No MMA stays in flight across a row. The
+// rotation is a template argument (phase P = the row's index in the window mod 3), so that every accumulator index
+// is a constant.
 template <class Traits, bool kSave>
 __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_in, int ctid, int64_t begin, int64_t end,
                                              const typename Traits::ParamElem* __restrict__ b,
@@ -223,11 +225,23 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
                                              const Images& images) {
   using Elem = typename Traits::Elem;
   using Mainloop = typename Traits::Mainloop;
+  using Epilogue = typename Traits::template EpilogueFor<kSave>;
   const Mainloop mainloop(shared, b, ctid);
-  typename Traits::template EpilogueFor<kSave> epilogue(ctid);
+  Epilogue epilogue(ctid);
   epilogue.out_scale = Traits::Precision::scale_of(Mainloop::scratch(shared), -1);
   typename Mainloop::Accum acc;
   Mainloop::clear(acc);
+  // The output row reduced but not yet written: its first pixel (-1: none) and column block.
+  typename Epilogue::Partial pending;
+  int64_t pending_row = -1;
+  int pending_col0 = 0;
+  const auto write_pending = [&] {
+    if (pending_row >= 0) {
+      epilogue.write(pending, RowOut<Elem>{out + pending_row, kSave ? argmin + pending_row : nullptr,
+                                           kSave ? pre_min + pending_row : nullptr}, pending_col0, OW);
+    }
+    pending_row = -1;
+  };
   StepWalker at(begin, OH, col_blocks);
   uint32_t d = 0;  // rows received so far
   for (int64_t s = begin; s < end;) {
@@ -240,13 +254,14 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
       if (u >= run + 2) return false;
       rows_in.wait(d);
       mainloop.start(acc, rows_in.slot(d), P);
+      write_pending();
       Mainloop::finish(acc);
       rows_in.release(d);
       ++d;
       if (u >= 2) {
-        const int64_t r = first + (int64_t)(u - 2) * OW;
-        epilogue.template write<kDone>(acc, RowOut<Elem>{out + r, kSave ? argmin + r : nullptr,
-                                                         kSave ? pre_min + r : nullptr}, col0, OW);
+        pending = epilogue.template reduce<kDone>(acc);
+        pending_row = first + (int64_t)(u - 2) * OW;
+        pending_col0 = col0;
       }
       mainloop.template reset<kDone>(acc);
       return true;
@@ -266,6 +281,7 @@ __device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_i
       }
     }
   }
+  write_pending();
 }
 
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,

@@ -133,12 +133,13 @@ struct WgmmaRowsMainloop {
   }
 };
 
-// The row-streaming epilogue: block kB's output row from registers. Lane (g, t) of warp w holds pixels 16 w + g
-// (accumulator elements 0, 1) and 16 w + g + 8 (2, 3), channels 8 i + 2 t + (e & 1) in acc[8 kB + i]. Each pixel's
-// min over the thread's 16 channels (saving: and its channel, scanned in channel order as torch.min picks it,
-// precedes()), then two quad steps: lanes xor 1 each keep one of the two pixels, lanes xor 2 exchange it, so lane t
-// ends with pixel 16 w + g + 8 (t & 1) over all 64 channels; lanes t = 0, 1 write it (a warp's store: 16 consecutive
-// pixels). Nothing in shared memory.
+// The row-streaming epilogue: block kB's output row from registers, in two halves. reduce() runs as soon as the row's
+// MMAs have landed and reads the accumulators: lane (g, t) of warp w holds pixels 16 w + g (accumulator elements 0, 1)
+// and 16 w + g + 8 (2, 3), channels 8 i + 2 t + (e & 1) in acc[8 kB + i]; each pixel's min over the thread's 16
+// channels (saving: and its channel, scanned in channel order as torch.min picks it, scan_min). write() runs while the
+// next row's MMAs are in flight and touches no accumulator: two quad steps (lanes xor 1 each keep one of the two
+// pixels, lanes xor 2 exchange it), so lane t ends with pixel 16 w + g + 8 (t & 1) over all 64 channels; lanes t = 0,
+// 1 write it (a warp's store: 16 consecutive pixels). Nothing in shared memory.
 template <class Mainloop, bool kSave>
 struct WgmmaRowsEpilogue {
   using Geometry = typename Mainloop::Geometry;
@@ -152,21 +153,25 @@ struct WgmmaRowsEpilogue {
   float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
   const int ctid;
   __device__ explicit WgmmaRowsEpilogue(int ctid_) : ctid(ctid_) {}
+  // A reduced row between its two halves: the thread's two pixels' minima (and channels, kSave).
+  struct Partial {
+    float m[2];
+    int c[2];
+  };
 
   template <int kB>
-  __device__ void write(const typename Mainloop::Accum& acc, const RowOut<Elem>& dst, int col0, int OW) const {
+  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
     constexpr int kN8 = Mainloop::kBlockN8;
-    const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2, t = lane & 3;
-    float m[2];
-    int c[2] = {2 * t, 2 * t};
+    const int t = ctid & 3;
+    Partial p;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (kSave) {
-        float best = acc[kB * kN8][2 * h];
+        p.m[h] = acc[kB * kN8][2 * h];
+        p.c[h] = 2 * t;
 #pragma unroll
         for (int k = 1; k < 2 * kN8; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          scan_min(best, c[h], acc[kB * kN8 + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
-        m[h] = best;
+          scan_min(p.m[h], p.c[h], acc[kB * kN8 + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
       } else {  // two chains (even and odd channels) for the scheduler
         float even = acc[kB * kN8][2 * h], odd = acc[kB * kN8][2 * h + 1];
 #pragma unroll
@@ -174,17 +179,22 @@ struct WgmmaRowsEpilogue {
           even = nan_min(even, acc[kB * kN8 + i][2 * h]);
           odd = nan_min(odd, acc[kB * kN8 + i][2 * h + 1]);
         }
-        m[h] = nan_min(even, odd);
+        p.m[h] = nan_min(even, odd);
+        p.c[h] = 0;
       }
     }
+    return p;
+  }
+
+  __device__ void write(const Partial& p, const RowOut<Elem>& dst, int col0, int OW) const {
+    const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2, t = lane & 3;
     // Lanes xor 1: lane t keeps pixel t & 1 and takes its partner's value of it.
     const int h = t & 1;
-    float v = h ? m[1] : m[0];
-    int channel = h ? c[1] : c[0];
-    const float sent = h ? m[0] : m[1];
-    const float got = __shfl_xor_sync(0xffffffffu, sent, 1);
+    float v = h ? p.m[1] : p.m[0];
+    int channel = h ? p.c[1] : p.c[0];
+    const float got = __shfl_xor_sync(0xffffffffu, h ? p.m[0] : p.m[1], 1);
     if constexpr (kSave) {
-      keep_min(v, channel, got, __shfl_xor_sync(0xffffffffu, h ? c[0] : c[1], 1));
+      keep_min(v, channel, got, __shfl_xor_sync(0xffffffffu, h ? p.c[0] : p.c[1], 1));
       keep_min(v, channel, __shfl_xor_sync(0xffffffffu, v, 2), __shfl_xor_sync(0xffffffffu, channel, 2));
     } else {
       v = nan_min(v, got);

@@ -48,7 +48,7 @@ struct SharedStorage<Consumer, kConsumers, kSharedBytes, kSlots, 0> {  // the co
 // warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
 // into its 3 slots (SelfFeed): that leaves the register file to two consumer warps per scheduler.
 template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_, class Schedule_>
-struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync> {
   using Geometry = ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync>;
   static constexpr bool kUsesWgmma = kMma != MmaKind::kMmaSync;
   static constexpr bool kStreamsRows = kMma == MmaKind::kWgmmaRows;
@@ -84,7 +84,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   static_assert(!kSelfFed || (!kUsesWgmma && kRing_ == Geometry::kKsize), "self-fed: mma.sync, the window's slots only");
   static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
   static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
-  using Producer = RowProducer<Geometry, kRowThreads>;
+  using Producer = RowProducer<Geometry, kRowThreads, (kRowsInFlight > 1)>;
   // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
   // earlier, once the consumer has released that slot's previous row. A mainloop that releases the window's oldest
   // row as soon as its MMAs have read it (Mainloop::kReleasesOldestEarly) lets the producer store into that slot

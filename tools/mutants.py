@@ -665,8 +665,8 @@ MUTANTS = {
     ),
     # the row-streaming saving epilogue starts each lane's scan at channel 0 instead of its own first (2 t)
     "rows_saving_scan_starts_at_channel_0": (
-        "int c[2] = {2 * t, 2 * t};",
-        "int c[2] = {0, 0};",
+        "p.c[h] = 2 * t;",
+        "p.c[h] = 0;",
         ["test_every_kernels_saving_variant_follows_float64[sm90_tf32_f16_rows]",
          "test_every_kernels_saving_variant_follows_float64[sm90_bf16_rows]"],
     ),

@@ -83,13 +83,8 @@ GUARD_TAGS = ("Tf32RoundNearest", "Tf32x3")
 # step's minima, 16-bit ones packed, in one of `write_buffers` buffers and its producer threads write them);
 # write_buffers: the staged buffers a consumer cycles through (0 where mma.sync writes from registers).
 # docs/design.md says why each row is what it is.
-# layout (wgmma only): "channels" (A = the weights, M = the 64 output channels, N = the tile's pixels; a step is an
-# output row segment over a 3-row window, the min by a lane butterfly) or "rows" (A = 64 pixels of one input row, B =
-# the weights of all three kernel rows, N = 192: three output rows' accumulators rotate, a step is one input row and
-# the min is in registers; rows_wgmma.cuh).
 class FusedKernel(collections.namedtuple(
-        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers "
-        "layout", defaults=("channels",))):
+        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
     def tag(self):
         return PRECISION_TAGS[(self.precision, self.operand, self.input)]
@@ -120,11 +115,6 @@ FUSED_TABLE = (
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
-    # The row-streaming layout (wgmma): 64-column tiles, each consumer's rows in flight four at a time. Last, so that
-    # the chooser never takes them until a GPU has measured them against the rows above (they run by name).
-    FusedKernel("sm90_tf32_f16_rows", "wgmma", "tf32", "fp16", "fp32", 64, 2, 4, 8, "inline", 0, "rows"),
-    FusedKernel("sm90_bf16_rows", "wgmma", "bf16", "bf16", "bf16", 64, 2, 4, 8, "inline", 0, "rows"),
-    FusedKernel("sm90_fp16_rows", "wgmma", "fp16", "fp16", "fp16", 64, 2, 4, 8, "inline", 0, "rows"),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 # The guards: the rows of a guard tag with a guarded row of the same precision and MMA (the others carry no code for
@@ -191,15 +181,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 20;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32", "sm90_tf32_f16_rows", "sm90_bf16_rows", "sm90_fp16_rows"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3, 0, 2, 3};
+inline constexpr int kFusedKernelCount = 17;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0, 0, 3, 2};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false, true, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -514,24 +504,6 @@ __device__ __forceinline__ void wgmma_async(float (&d)[16][4], uint64_t desc_a, 
 #if KB25_HAS_WGMMA
   asm volatile("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1;\n"
                : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[24][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__half>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, %98, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3])
-               : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
-#endif
-}
-template <bool kAccumulate = true>
-__device__ __forceinline__ void wgmma_async(float (&d)[24][4], uint64_t desc_a, uint64_t desc_b,
-                                            Operand<__nv_bfloat16>) {
-#if KB25_HAS_WGMMA
-  asm volatile("wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, %98, 1, 1, 0, 0;\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3])
                : "l"(desc_a), "l"(desc_b), "n"(kAccumulate ? 1 : 0));
 #endif
 }
@@ -2152,10 +2124,7 @@ namespace kb25 {
 // (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
 // selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
 // chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
-// kLateInFlight: the late items are loaded with the body, before the slot wait, and held in registers across it (the
-// row-streaming kernels: their rows are a quarter of a channel-major step's work, and a second round trip to memory
-// after the wait would halve the rows each producer set keeps in flight).
-template <class Geometry, int kThreads, bool kLateInFlight = false>
+template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::XElem;  // x's element type
   using Precision = typename Geometry::Precision;
@@ -2174,7 +2143,7 @@ struct RowProducer {
   static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = (kMine + (kLateInFlight ? 1 : 0)) * kChannels * 4;  // one row in flight
+  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
   static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
@@ -2182,7 +2151,6 @@ struct RowProducer {
                 "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
     uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
-    uint4 late[kChannels];        // kLateInFlight: the thread's late item (unused otherwise)
   };
   const int64_t plane;
   const int W, tid;
@@ -2321,9 +2289,6 @@ struct RowProducer {
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
-    // Unconditional: past the row's end load_item reads the image's first chunk, which store_folded() does not store.
-    if constexpr (kLateInFlight)
-      if (tid < kLate) load_item(row.late, kBody + tid, x_img, y, col0);
   }
   // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
   // leaves some threads without one).
@@ -2343,13 +2308,9 @@ struct RowProducer {
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      if constexpr (kLateInFlight) {
-        range = store_item(quieted(row.late), kBody + tid, slot, range);
-      } else {
-        uint4 raw[kChannels];
-        load_item(raw, kBody + tid, x_img, y, col0);
-        range = store_item(quieted(raw), kBody + tid, slot, range);
-      }
+      uint4 raw[kChannels];
+      load_item(raw, kBody + tid, x_img, y, col0);
+      range = store_item(quieted(raw), kBody + tid, slot, range);
     }
     return range;
   }
@@ -3835,228 +3796,11 @@ struct WgmmaEpilogue {
 }  // namespace kb25
 
 
-// The row-streaming wgmma mainloop and epilogue (sm_90a): each step is one input row, A = its 64 pixels, B = the
-// weights of all three kernel rows, so that three output rows' accumulators rotate through one N = 192 MMA.
-
-
 
 
 namespace kb25 {
 
-// Input row t of a column strip adds kernel row kh = 0 to output row t, kh = 1 to t - 1 and kh = 2 to t - 2. A
-// consumer keeps those three output rows' sums in one m64n192 accumulator: N block b (channels 64 b .. 64 b + 63 of
-// the MMA's N) holds the output row whose index within the window is b mod 3 (the window: the consumer's run of
-// steps down one strip, its first input row index 0). A row's step is three MMAs, one per column tap kw: A = the
-// slot's 64 pixels from column kw (K = its 16 channels; the slot's groups are the K halves, 8 pixels a 128-byte core
-// matrix, as the saving variants' pixel rows read it), B = the weights of tap kw for all three blocks, in the
-// rotation r = t mod 3 that gives block b kernel row (r - b) mod 3. After step t, block (t + 1) mod 3 holds output row
-// t - 2 complete: the epilogue takes each pixel's min from registers, writes it, and resets the block to the bias
-// for output row t + 1. Against the channel-major layout (WgmmaMainloop: M = the 64 channels, N = 256 pixels, a lane
-// butterfly for the min) a thread holds 16 channels of each of 2 pixels: the min is 15 mins and 2 quad shuffle steps
-// a pixel, and the saving variant's argmin a scan in registers (docs/perf-notes.md, "Tensor cores: rate, tile shape,
-// issue order": rotate_rate).
-// One product only (OneProduct); the 3 x 3 x 16 x 192 weight tiles (54 KB of fp16) are staged once per CTA.
-template <class Geometry_>
-struct WgmmaRowsMainloop {
-  using Geometry = Geometry_;
-  using Precision = typename Geometry::Precision;
-  using Elem = typename Geometry::Elem;
-  using ParamElem = typename Geometry::ParamElem;
-  using MmaElem = typename Geometry::MmaElem;
-  using Multiply = typename Precision::Multiply;
-  static_assert(Multiply::kCopies == 1 && Geometry::kKStepsPerTap == 1, "one product, one k16 step a tap");
-  static_assert(Geometry::kTileCols == 64 && Geometry::kCout == 64 && Geometry::kKsize == 3,
-                "an m64 MMA covers the tile's pixels; three blocks of the 64 channels");
-  static constexpr int kBlocks = Geometry::kKsize;         // output rows in flight
-  static constexpr int kN = kBlocks * Geometry::kCout;      // 192
-  static constexpr int kNBlocks = kN / 8;                   // n8 blocks of the accumulator
-  static constexpr int kBlockN8 = Geometry::kCout / 8;      // n8 blocks of one output row's block
-  using Accum = float[kNBlocks][4];
-  static constexpr int kBKBytes = kN * 16;                  // B's K-direction core matrices (the two k halves)
-  static constexpr int kTapBytes = 2 * kBKBytes;            // one (rotation, kw) tile: 16 k x 192 n
-  static constexpr int kWeightBytes = kBlocks * Geometry::kKsize * kTapBytes;
-  static constexpr int kScratchOffset = kWeightBytes;       // then the precision's scratch words (scale, guard flag)
-  static constexpr int kSmemBytes = kScratchOffset + Precision::kScratchBytes;
-  static constexpr int kRegisters = kNBlocks * 4 + 2 * kBlockN8;  // the accumulators and the thread's 16 biases
-  // A row's slot is free once its own step's MMAs have landed: the ring needs no slot for a window.
-  static constexpr bool kReleasesOldestEarly = true;
-  static constexpr bool kWaitsForNewest = false;
-  static constexpr bool kPixelRowsFit = false;
-
-  const uint64_t weights;  // descriptor of rotation 0, tap 0
-  // The thread's channels' biases, scaled as the weights (Precision::scale): channel 8 i + 2 t + e at 2 i + e.
-  float bias[2 * kBlockN8];
-
-  __device__ WgmmaRowsMainloop(const unsigned char* smem, const ParamElem* __restrict__ b, int ctid)
-      : weights(wgmma_desc(smem, kBKBytes, 128)) {
-    const int t = ctid & 3;
-    const float scale = Precision::scale_of(scratch(smem));
-#pragma unroll
-    for (int i = 0; i < kBlockN8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        bias[2 * i + e] = Precision::scale(convert<float>(Precision::param(b[8 * i + 2 * t + e])), scale);
-  }
-  __host__ __device__ static const uint32_t* scratch(const unsigned char* smem) {
-    return reinterpret_cast<const uint32_t*>(smem + kScratchOffset);
-  }
-  // Where B element (n, k) of rotation r's tap kw sits (in MmaElem units): K-major core matrices, 8 n x 16 bytes.
-  __host__ __device__ static constexpr int b_index(int r, int kw, int n, int k) {
-    return ((r * Geometry::kKsize + kw) * kTapBytes + (k / 8) * kBKBytes + (n / 8) * 128 + (n % 8) * 16) /
-               (int)sizeof(MmaElem) + k % 8;
-  }
-  // The weights, written by all of the CTA's threads before they split into roles: each weight once per rotation
-  // (weight (co, ci, kh, kw) at n = 64 ((r - kh) mod 3) + co, k = ci of rotation r's tap kw). The precision's scale
-  // first (find_scale), and its flag raised where a weight or the bias does not carry (Precision::inexact).
-  template <int kThreads>
-  __device__ static void stage_shared(unsigned char* smem, const ParamElem* __restrict__ w,
-                                      const ParamElem* __restrict__ b) {
-    constexpr int kCin = Geometry::kCin, kCout = Geometry::kCout, kK = Geometry::kKsize;
-    MmaElem* const a = reinterpret_cast<MmaElem*>(smem);
-    uint32_t* const flags = reinterpret_cast<uint32_t*>(smem + kScratchOffset);
-    const float scale = Precision::template find_scale<kThreads>(w, kCout * kCin * Geometry::kTaps, b, kCout, flags);
-    bool inexact = false;
-    // Item i: weight (co, ci, tap) in w's own order, so that the loads are coalesced.
-    stage_batched<kThreads, kCout * kCin * Geometry::kTaps>(
-        [&](int i) { return Precision::param(w[i]); },
-        [&](int i, Elem v) {
-          const int tap = i % Geometry::kTaps, ci = (i / Geometry::kTaps) % kCin, co = i / (Geometry::kTaps * kCin);
-          const int kh = tap / kK, kw = tap % kK;
-          inexact |= Precision::inexact(v, scale);
-          const Elem scaled = Precision::scale(v, scale);
-#pragma unroll
-          for (int r = 0; r < kBlocks; ++r)
-            Multiply::template store_weight<Precision>(a, b_index(r, kw, Geometry::kCout * ((r - kh + kK) % kK) + co, ci),
-                                                       0, scaled);
-        });
-    if (threadIdx.x < kCout) inexact |= Precision::inexact_bias(b[threadIdx.x], scale);
-    if (inexact) atomicOr(flags + 1, 1u);
-    fence_proxy_async();  // published to wgmma by the barrier before the roles split
-  }
-  // Input row `slot` (rotation r = its index in the window mod 3) into all three blocks: three MMAs, issued and
-  // committed; finish() waits for them.
-  __device__ void start(Accum& acc, const unsigned char* slot, int r) const {
-    const uint64_t a = wgmma_desc(slot, Geometry::kGroupBytes, 128);
-    const uint64_t b = weights + (uint64_t)((r * Geometry::kKsize * kTapBytes) >> 4);
-    pin(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kw = 0; kw < Geometry::kKsize; ++kw)
-      wgmma_async(acc, a + ((kw * 16) >> 4), b + ((kw * kTapBytes) >> 4), Operand<MmaElem>{});
-    wgmma_commit();
-  }
-  __device__ static void finish(Accum& acc) {
-    wgmma_wait<0>();
-    pin(acc);
-  }
-  // Block kB starts output row anew: its accumulators become the bias (moves in asm, so that ptxas keeps them out of
-  // the wgmma's registers' way rather than merging copies).
-  template <int kB>
-  __device__ void reset(Accum& acc) const {
-#pragma unroll
-    for (int i = 0; i < kBlockN8; ++i)
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        asm volatile("mov.b32 %0, %1;\n" : "=f"(acc[kB * kBlockN8 + i][q]) : "f"(bias[2 * i + (q & 1)]));
-  }
-  // Every accumulator to zero once, before the first window (the blocks of rows before it take sums that no one
-  // reads).
-  __device__ static void clear(Accum& acc) {
-#pragma unroll
-    for (int j = 0; j < kNBlocks; ++j)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) asm volatile("mov.b32 %0, 0;\n" : "=f"(acc[j][q]));
-  }
-};
-
-// The row-streaming epilogue: block kB's output row from registers, in two halves. reduce() runs as soon as the row's
-// MMAs have landed and reads the accumulators: lane (g, t) of warp w holds pixels 16 w + g (accumulator elements 0, 1)
-// and 16 w + g + 8 (2, 3), channels 8 i + 2 t + (e & 1) in acc[8 kB + i]; each pixel's min over the thread's 16
-// channels (saving: and its channel, scanned in channel order as torch.min picks it, scan_min). write() runs while the
-// next row's MMAs are in flight and touches no accumulator: two quad steps (lanes xor 1 each keep one of the two
-// pixels, lanes xor 2 exchange it), so lane t ends with pixel 16 w + g + 8 (t & 1) over all 64 channels; lanes t = 0,
-// 1 write it (a warp's store: 16 consecutive pixels). Nothing in shared memory.
-template <class Mainloop, bool kSave>
-struct WgmmaRowsEpilogue {
-  using Geometry = typename Mainloop::Geometry;
-  using Precision = typename Geometry::Precision;
-  using Elem = typename Geometry::Elem;
-  static constexpr int kSmemBytes = 0;
-  static constexpr bool kHandsOff = false;
-  static constexpr int kHandOffStages = 0;
-  static constexpr bool kPixelRows = false;
-  static constexpr bool kStagesPacked = false;
-  float out_scale = 1.f;  // what each pixel's min is multiplied by (Precision::unscale; Tf32OnF16: 2^-s)
-  const int ctid;
-  __device__ explicit WgmmaRowsEpilogue(int ctid_) : ctid(ctid_) {}
-  // A reduced row between its two halves: the thread's two pixels' minima (and channels, kSave).
-  struct Partial {
-    float m[2];
-    int c[2];
-  };
-
-  template <int kB>
-  __device__ Partial reduce(const typename Mainloop::Accum& acc) const {
-    constexpr int kN8 = Mainloop::kBlockN8;
-    const int t = ctid & 3;
-    Partial p;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if constexpr (kSave) {
-        p.m[h] = acc[kB * kN8][2 * h];
-        p.c[h] = 2 * t;
-#pragma unroll
-        for (int k = 1; k < 2 * kN8; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          scan_min(p.m[h], p.c[h], acc[kB * kN8 + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
-      } else {  // two chains (even and odd channels) for the scheduler
-        float even = acc[kB * kN8][2 * h], odd = acc[kB * kN8][2 * h + 1];
-#pragma unroll
-        for (int i = 1; i < kN8; ++i) {
-          even = nan_min(even, acc[kB * kN8 + i][2 * h]);
-          odd = nan_min(odd, acc[kB * kN8 + i][2 * h + 1]);
-        }
-        p.m[h] = nan_min(even, odd);
-        p.c[h] = 0;
-      }
-    }
-    return p;
-  }
-
-  __device__ void write(const Partial& p, const RowOut<Elem>& dst, int col0, int OW) const {
-    const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2, t = lane & 3;
-    // Lanes xor 1: lane t keeps pixel t & 1 and takes its partner's value of it.
-    const int h = t & 1;
-    float v = h ? p.m[1] : p.m[0];
-    int channel = h ? p.c[1] : p.c[0];
-    const float got = __shfl_xor_sync(0xffffffffu, h ? p.m[0] : p.m[1], 1);
-    if constexpr (kSave) {
-      keep_min(v, channel, got, __shfl_xor_sync(0xffffffffu, h ? p.c[0] : p.c[1], 1));
-      keep_min(v, channel, __shfl_xor_sync(0xffffffffu, v, 2), __shfl_xor_sync(0xffffffffu, channel, 2));
-    } else {
-      v = nan_min(v, got);
-      v = nan_min(v, __shfl_xor_sync(0xffffffffu, v, 2));
-    }
-    const int col = col0 + 16 * warp + g + 8 * h;
-    if (t < 2 && col < OW) {
-      float min = Precision::unscale(v, out_scale);
-      if constexpr (kSave) {
-        dst.argmin[col] = (unsigned char)channel;
-        dst.pre_min[col] = min;
-      }
-      if constexpr (sizeof(Elem) == 2) min = convert<float>(convert<Elem>(min));  // the 16-bit kernels' rounding
-      dst.out[col] = convert<Elem>(tanh2<Precision::kTanhApprox>(min));
-    }
-  }
-};
-
-}  // namespace kb25
-
-
-namespace kb25 {
-
-// kWgmmaRows: wgmma with the row-streaming mainloop and epilogue (rows_wgmma.cuh): a consumer's step is one input
-// row, three output rows rotating through its accumulators.
-enum class MmaKind { kMmaSync, kWgmma, kWgmmaRows };
+enum class MmaKind { kMmaSync, kWgmma };
 
 // Shared memory, one struct a kernel: per consumer its ring of input-row slots and its epilogue's buffers; then what
 // the consumers share (the mainloop's weights); then the ring's (full, empty) mbarriers per slot; then, where the
@@ -4091,20 +3835,15 @@ struct SharedStorage<Consumer, kConsumers, kSharedBytes, kSlots, 0> {  // the co
 // warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
 // into its 3 slots (SelfFeed): that leaves the register file to two consumer warps per scheduler.
 template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_, class Schedule_>
-struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync> {
-  using Geometry = ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync>;
-  static constexpr bool kUsesWgmma = kMma != MmaKind::kMmaSync;
-  static constexpr bool kStreamsRows = kMma == MmaKind::kWgmmaRows;
-  using Mainloop = std::conditional_t<
-      kStreamsRows, WgmmaRowsMainloop<Geometry>,
-      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>>;
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
+  using Geometry = ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>;
+  static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
+  using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
   // kSave: the variant that also writes each pixel's argmin channel and pre-tanh min (autograd will need them).
   // Both variants share one shared-memory layout.
   template <bool kSave>
-  using EpilogueFor = std::conditional_t<
-      kStreamsRows, WgmmaRowsEpilogue<Mainloop, kSave>,
-      std::conditional_t<kUsesWgmma, WgmmaEpilogue<Mainloop, kSave, Schedule_>,
-                         MmaSyncEpilogue<Mainloop, kSave, Schedule_>>>;
+  using EpilogueFor = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Mainloop, kSave, Schedule_>,
+                                         MmaSyncEpilogue<Mainloop, kSave, Schedule_>>;
   using Schedule = Schedule_;
   using Epilogue = EpilogueFor<false>;
   static_assert(EpilogueFor<true>::kSmemBytes == Epilogue::kSmemBytes, "one layout for both variants");
@@ -4116,18 +3855,10 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSyn
   // registers, so the slot of the window's oldest row is free once the step's first kernel row has been read).
   static constexpr bool kSelfFed = kProducerWarps == 0;
   static constexpr int kProducerThreads = kSelfFed ? Geometry::kWarpgroup : kProducers / kConsumers;  // per consumer
-  // Rows a consumer's producer threads have in flight at once: they split into kRowsInFlight sets of
-  // kRowThreads, set i storing the consumer's rows d with d mod kRowsInFlight = i. A row-streaming step (one 64-column
-  // input row) takes a quarter of a channel-major step's MMA time, so one row in flight would leave the consumer
-  // waiting on memory latency.
-  static constexpr int kRowsInFlight = kStreamsRows ? 4 : 1;
-  static constexpr int kRowThreads = kProducerThreads / kRowsInFlight;
-  static_assert(kProducerThreads % kRowsInFlight == 0 && (kRowsInFlight == 1 || !Schedule_::kHanded),
-                "whole sets of producer threads; a handed write needs every row's producer threads");
   static_assert(!kSelfFed || (!kUsesWgmma && kRing_ == Geometry::kKsize), "self-fed: mma.sync, the window's slots only");
   static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
   static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
-  using Producer = RowProducer<Geometry, kRowThreads, (kRowsInFlight > 1)>;
+  using Producer = RowProducer<Geometry, kProducerThreads>;
   // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
   // earlier, once the consumer has released that slot's previous row. A mainloop that releases the window's oldest
   // row as soon as its MMAs have read it (Mainloop::kReleasesOldestEarly) lets the producer store into that slot
@@ -4194,9 +3925,6 @@ using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2,
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Tf32F16Rows = FusedTraits<MmaKind::kWgmmaRows, Tf32OnF16, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Bf16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__nv_bfloat16>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Fp16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__half>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
 
 template <>
 inline constexpr bool kRecomputesListed<Sm90Tf32> = true;
@@ -4211,7 +3939,7 @@ inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32) X(Sm90Tf32F16Rows) X(Sm90Bf16Rows) X(Sm90Fp16Rows)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
 
 namespace kb25 {
 
@@ -4234,12 +3962,10 @@ struct Images {
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
 // land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
 // writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
-// With kRowsInFlight sets of producer threads, set `set` takes the rows d = set mod kRowsInFlight.
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::XElem* __restrict__ x, int H, int W,
-                                             const typename Traits::Ring& ring, Writer& writer, const Images& images,
-                                             uint32_t set) {
+                                             const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const int64_t n = images(ahead.at.n);
@@ -4247,7 +3973,6 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
-    if (Traits::kRowsInFlight > 1 && d % Traits::kRowsInFlight != set) continue;
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
     if (step_starts) writer.step();
     ring.acquire(d);
@@ -4418,82 +4143,6 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
   if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
 }
 
-// A row-streaming consumer (Traits::kStreamsRows: WgmmaRowsMainloop, WgmmaRowsEpilogue) walks its steps [begin,
-// end) a window at a time: the steps of one column strip within the range, whose rows arrive as RowCursor has them
-// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, issue its three MMAs
-// into the rotating accumulators, write the output row reduced one row before while they run, wait for them and free
-// the slot; from the window's third row on, reduce the block the row completed (its minima leave the accumulators);
-// then that block starts the window's next output row from the bias. No MMA stays in flight across a row. The
-// rotation is a template argument (phase P = the row's index in the window mod 3), so that every accumulator index
-// is a constant.
-template <class Traits, bool kSave>
-__device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_in, int ctid, int64_t begin, int64_t end,
-                                             const typename Traits::ParamElem* __restrict__ b,
-                                             typename Traits::Elem* __restrict__ out,
-                                             unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int OH,
-                                             int OW, int col_blocks, const unsigned char* shared,
-                                             const Images& images) {
-  using Elem = typename Traits::Elem;
-  using Mainloop = typename Traits::Mainloop;
-  using Epilogue = typename Traits::template EpilogueFor<kSave>;
-  const Mainloop mainloop(shared, b, ctid);
-  Epilogue epilogue(ctid);
-  epilogue.out_scale = Traits::Precision::scale_of(Mainloop::scratch(shared), -1);
-  typename Mainloop::Accum acc;
-  Mainloop::clear(acc);
-  // The output row reduced but not yet written: its first pixel (-1: none) and column block.
-  typename Epilogue::Partial pending;
-  int64_t pending_row = -1;
-  int pending_col0 = 0;
-  const auto write_pending = [&] {
-    if (pending_row >= 0) {
-      epilogue.write(pending, RowOut<Elem>{out + pending_row, kSave ? argmin + pending_row : nullptr,
-                                           kSave ? pre_min + pending_row : nullptr}, pending_col0, OW);
-    }
-    pending_row = -1;
-  };
-  StepWalker at(begin, OH, col_blocks);
-  uint32_t d = 0;  // rows received so far
-  for (int64_t s = begin; s < end;) {
-    const int run = (int)min(end - s, (int64_t)(OH - at.oy));  // the window's output rows
-    const int col0 = at.cb * Traits::kTileCols;
-    const int64_t first = (images(at.n) * OH + at.oy) * (int64_t)OW;  // its first output row's first pixel
-    // Row u of the window (phase P = u mod 3): false once the window has no row u.
-    const auto row = [&](int u, auto phase) {
-      constexpr int P = decltype(phase)::value, kDone = (P + 1) % 3;
-      if (u >= run + 2) return false;
-      rows_in.wait(d);
-      mainloop.start(acc, rows_in.slot(d), P);
-      write_pending();
-      Mainloop::finish(acc);
-      rows_in.release(d);
-      ++d;
-      if (u >= 2) {
-        pending = epilogue.template reduce<kDone>(acc);
-        pending_row = first + (int64_t)(u - 2) * OW;
-        pending_col0 = col0;
-      }
-      mainloop.template reset<kDone>(acc);
-      return true;
-    };
-    mainloop.template reset<0>(acc);
-    for (int u = 0; row(u, std::integral_constant<int, 0>{}) && row(u + 1, std::integral_constant<int, 1>{}) &&
-                    row(u + 2, std::integral_constant<int, 2>{});
-         u += 3) {
-    }
-    s += run;
-    at.oy += run;
-    if (at.oy == OH) {
-      at.oy = 0;
-      if (++at.cb == col_blocks) {
-        at.cb = 0;
-        ++at.n;
-      }
-    }
-  }
-  write_pending();
-}
-
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
 // there (handed write schedule: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for
@@ -4528,7 +4177,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint64_t* const stage_bars = reinterpret_cast<uint64_t*>(smem + Traits::kStageBarrierOffset);
     constexpr int kStagePairs = Traits::Epilogue::kHandOffStages;
     if (!Traits::kSelfFed && threadIdx.x == 0) {
-      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kRowThreads, Traits::kWarpgroup);
+      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
       for (int i = 0; i < Traits::kConsumers * kStagePairs; ++i) {
         mbarrier_init(stage_bars + 2 * i, Traits::kWarpgroup);
         mbarrier_init(stage_bars + 2 * i + 1, Traits::kProducerThreads);
@@ -4577,14 +4226,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int64_t begin, end;
       consumer_range(c, begin, end);
       const int ptid = threadIdx.x % Traits::kProducerThreads;
-      const typename Traits::Producer producer(x, H, W, ptid % Traits::kRowThreads);
-      const uint32_t set = ptid / Traits::kRowThreads;
+      const typename Traits::Producer producer(x, H, W, ptid);
       const RowCursor rows(begin, end, OH, col_blocks);
       const auto produce = [&](auto& writer) {
         if (producer.vec16) {
-          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images, set);
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images);
         } else {
-          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images, set);
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images);
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
@@ -4596,13 +4244,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         NoWrites writer;
         produce(writer);
       }
-    } else if constexpr (Traits::kStreamsRows) {
-      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
-      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
-      int64_t begin, end;
-      consumer_range(c, begin, end);
-      consume_rows<Traits, kSave>(ring(c), ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks, shared,
-                                  images);
     } else {
       // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
       // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at
@@ -5108,15 +4749,15 @@ inline constexpr int kPrecisionTf32 = 0;
 inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
-inline constexpr int kFusedKernelCount = 20;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32", "sm90_tf32_f16_rows", "sm90_bf16_rows", "sm90_fp16_rows"};
-inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3, 0, 2, 3};
+inline constexpr int kFusedKernelCount = 17;
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
-inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0, 0, 3, 2};
+inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false, true, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {

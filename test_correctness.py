@@ -2161,9 +2161,10 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
     dX wherever that weight's tap reaches a pixel whose argmin is another channel; where the tap's input is 0, that
     channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins). Compared with the float64
     chain through the saved argmin (near-ties of a large shape could route a pixel differently from the reference's
-    own conv), and on the small shape with the reference itself. Strict fp32 runs the CUDA-core weight gradient; TF32
-    the fed tensor-core one and fp16 the smem-tile one, whose steps with a NaN in their window are summed by their fp32
-    walkers."""
+    own conv), and on the small shape with the reference itself (float32 only: with the infinite weight, cuDNN's fp16
+    backward gave dX another NaN pattern than the float64 chain on the H200, which the kernels match). Strict fp32
+    runs the CUDA-core weight gradient; TF32 the fed tensor-core one and fp16 the smem-tile one, whose steps with a
+    NaN in their window are summed by their fp32 walkers."""
     new, x, g, spec = _train_setup(profile, precision, shape, seed=63)
     n, _, h, w = shape
     x[0, 3, h // 4, w // 4] = float("nan")
@@ -2193,7 +2194,7 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
         for name, got, want in zip("xwb", (dx, dw, db), routed):
             assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "float64 chain")
             assert harness.relative_error(got, want) <= tol[name], (poison_weight, name)
-        if shape == (2, 16, 20, 30):
+        if shape == (2, 16, 20, 30) and precision != "fp16":
             _, *ref_grads = _grads(ref, x, g)
             for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
                 assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "reference")

@@ -24,12 +24,10 @@ struct Images {
 // A producer thread's walk over one consumer's rows: row d's loads are issued before the wait for its slot, so they
 // land while the consumer frees it. Where the producer's threads write the consumer's steps (HandedWrites), the
 // writer does so at each step's first row, before the slot wait (aligned rows: while the row's loads are in flight).
-// With kRowsInFlight sets of producer threads, set `set` takes the rows d = set mod kRowsInFlight.
 template <class Traits, bool kVec16, class Writer>
 __device__ __forceinline__ void produce_rows(const typename Traits::Producer& producer, RowCursor ahead,
                                              const typename Traits::XElem* __restrict__ x, int H, int W,
-                                             const typename Traits::Ring& ring, Writer& writer, const Images& images,
-                                             uint32_t set) {
+                                             const typename Traits::Ring& ring, Writer& writer, const Images& images) {
   typename Traits::Producer::Row row;
   for (uint32_t d = 0; ahead.valid(); ++d) {
     const int64_t n = images(ahead.at.n);
@@ -37,7 +35,6 @@ __device__ __forceinline__ void produce_rows(const typename Traits::Producer& pr
     const int y = ahead.y(), col0 = ahead.at.cb * Traits::kTileCols;
     const bool step_starts = ahead.r == 0;
     ahead.next();
-    if (Traits::kRowsInFlight > 1 && d % Traits::kRowsInFlight != set) continue;
     if constexpr (kVec16) producer.load(row, x_img, y, col0);
     if (step_starts) writer.step();
     ring.acquire(d);
@@ -208,82 +205,6 @@ __device__ __forceinline__ void consume_steps(Feed& feed, int c, int ctid, int64
   if (steps > 0) epilogue.write(pending, row_out(pending_row), pending_col0, OW);
 }
 
-// A row-streaming consumer (Traits::kStreamsRows: WgmmaRowsMainloop, WgmmaRowsEpilogue) walks its steps [begin,
-// end) a window at a time: the steps of one column strip within the range, whose rows arrive as RowCursor has them
-// (the window's three first rows, then one a step). Each row is a step of its own: wait for it, issue its three MMAs
-// into the rotating accumulators, write the output row reduced one row before while they run, wait for them and free
-// the slot; from the window's third row on, reduce the block the row completed (its minima leave the accumulators);
-// then that block starts the window's next output row from the bias. No MMA stays in flight across a row. The
-// rotation is a template argument (phase P = the row's index in the window mod 3), so that every accumulator index
-// is a constant.
-template <class Traits, bool kSave>
-__device__ __forceinline__ void consume_rows(const typename Traits::Ring& rows_in, int ctid, int64_t begin, int64_t end,
-                                             const typename Traits::ParamElem* __restrict__ b,
-                                             typename Traits::Elem* __restrict__ out,
-                                             unsigned char* __restrict__ argmin, float* __restrict__ pre_min, int OH,
-                                             int OW, int col_blocks, const unsigned char* shared,
-                                             const Images& images) {
-  using Elem = typename Traits::Elem;
-  using Mainloop = typename Traits::Mainloop;
-  using Epilogue = typename Traits::template EpilogueFor<kSave>;
-  const Mainloop mainloop(shared, b, ctid);
-  Epilogue epilogue(ctid);
-  epilogue.out_scale = Traits::Precision::scale_of(Mainloop::scratch(shared), -1);
-  typename Mainloop::Accum acc;
-  Mainloop::clear(acc);
-  // The output row reduced but not yet written: its first pixel (-1: none) and column block.
-  typename Epilogue::Partial pending;
-  int64_t pending_row = -1;
-  int pending_col0 = 0;
-  const auto write_pending = [&] {
-    if (pending_row >= 0) {
-      epilogue.write(pending, RowOut<Elem>{out + pending_row, kSave ? argmin + pending_row : nullptr,
-                                           kSave ? pre_min + pending_row : nullptr}, pending_col0, OW);
-    }
-    pending_row = -1;
-  };
-  StepWalker at(begin, OH, col_blocks);
-  uint32_t d = 0;  // rows received so far
-  for (int64_t s = begin; s < end;) {
-    const int run = (int)min(end - s, (int64_t)(OH - at.oy));  // the window's output rows
-    const int col0 = at.cb * Traits::kTileCols;
-    const int64_t first = (images(at.n) * OH + at.oy) * (int64_t)OW;  // its first output row's first pixel
-    // Row u of the window (phase P = u mod 3): false once the window has no row u.
-    const auto row = [&](int u, auto phase) {
-      constexpr int P = decltype(phase)::value, kDone = (P + 1) % 3;
-      if (u >= run + 2) return false;
-      rows_in.wait(d);
-      mainloop.start(acc, rows_in.slot(d), P);
-      write_pending();
-      Mainloop::finish(acc);
-      rows_in.release(d);
-      ++d;
-      if (u >= 2) {
-        pending = epilogue.template reduce<kDone>(acc);
-        pending_row = first + (int64_t)(u - 2) * OW;
-        pending_col0 = col0;
-      }
-      mainloop.template reset<kDone>(acc);
-      return true;
-    };
-    mainloop.template reset<0>(acc);
-    for (int u = 0; row(u, std::integral_constant<int, 0>{}) && row(u + 1, std::integral_constant<int, 1>{}) &&
-                    row(u + 2, std::integral_constant<int, 2>{});
-         u += 3) {
-    }
-    s += run;
-    at.oy += run;
-    if (at.oy == OH) {
-      at.oy = 0;
-      if (++at.cb == col_blocks) {
-        at.cb = 0;
-        ++at.n;
-      }
-    }
-  }
-  write_pending();
-}
-
 // Persistent, one CTA per SM. Where the CTA has producer warps, they walk each consumer's rows (RowCursor,
 // produce_rows()): load row d into registers, wait until the consumer has released the slot's previous row, store it
 // there (handed write schedule: and write the consumer's steps, HandedWrites). Each consumer walks its steps: wait for
@@ -318,7 +239,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     uint64_t* const stage_bars = reinterpret_cast<uint64_t*>(smem + Traits::kStageBarrierOffset);
     constexpr int kStagePairs = Traits::Epilogue::kHandOffStages;
     if (!Traits::kSelfFed && threadIdx.x == 0) {
-      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kRowThreads, Traits::kWarpgroup);
+      for (int c = 0; c < Traits::kConsumers; ++c) Ring::init(ring(c).bars, Traits::kProducerThreads, Traits::kWarpgroup);
       for (int i = 0; i < Traits::kConsumers * kStagePairs; ++i) {
         mbarrier_init(stage_bars + 2 * i, Traits::kWarpgroup);
         mbarrier_init(stage_bars + 2 * i + 1, Traits::kProducerThreads);
@@ -367,14 +288,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       int64_t begin, end;
       consumer_range(c, begin, end);
       const int ptid = threadIdx.x % Traits::kProducerThreads;
-      const typename Traits::Producer producer(x, H, W, ptid % Traits::kRowThreads);
-      const uint32_t set = ptid / Traits::kRowThreads;
+      const typename Traits::Producer producer(x, H, W, ptid);
       const RowCursor rows(begin, end, OH, col_blocks);
       const auto produce = [&](auto& writer) {
         if (producer.vec16) {
-          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images, set);
+          produce_rows<Traits, true>(producer, rows, x, H, W, ring(c), writer, images);
         } else {
-          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images, set);
+          produce_rows<Traits, false>(producer, rows, x, H, W, ring(c), writer, images);
         }
       };
       if constexpr (Traits::template EpilogueFor<kSave>::kHandsOff) {
@@ -386,13 +306,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         NoWrites writer;
         produce(writer);
       }
-    } else if constexpr (Traits::kStreamsRows) {
-      const int c = (threadIdx.x - Traits::kProducers) / Traits::kWarpgroup;
-      const int ctid = (threadIdx.x - Traits::kProducers) % Traits::kWarpgroup;
-      int64_t begin, end;
-      consumer_range(c, begin, end);
-      consume_rows<Traits, kSave>(ring(c), ctid, begin, end, b, out, argmin, pre_min, OH, OW, col_blocks, shared,
-                                  images);
     } else {
       // The handed-write inference kernels' step loop differs in two ways (docs/perf-notes.md, "Epilogue and the handed
       // write"): the thread index goes through an empty asm, so that the compiler cannot re-read %tid.x (SR_TID.X) at

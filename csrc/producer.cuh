@@ -18,10 +18,7 @@ namespace kb25 {
 // (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
 // selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
 // chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
-// kLateInFlight: the late items are loaded with the body, before the slot wait, and held in registers across it (the
-// row-streaming kernels: their rows are a quarter of a channel-major step's work, and a second round trip to memory
-// after the wait would halve the rows each producer set keeps in flight).
-template <class Geometry, int kThreads, bool kLateInFlight = false>
+template <class Geometry, int kThreads>
 struct RowProducer {
   using Elem = typename Geometry::XElem;  // x's element type
   using Precision = typename Geometry::Precision;
@@ -40,7 +37,7 @@ struct RowProducer {
   static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
   static constexpr int kLate = kItems - kBody;
   static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = (kMine + (kLateInFlight ? 1 : 0)) * kChannels * 4;  // one row in flight
+  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
   static_assert(kLate <= kThreads, "one late item per thread at most");
   static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
   static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
@@ -48,7 +45,6 @@ struct RowProducer {
                 "16-bit: two groups, 4 columns apart modulo 8");
   struct Row {
     uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
-    uint4 late[kChannels];        // kLateInFlight: the thread's late item (unused otherwise)
   };
   const int64_t plane;
   const int W, tid;
@@ -187,9 +183,6 @@ struct RowProducer {
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
-    // Unconditional: past the row's end load_item reads the image's first chunk, which store_folded() does not store.
-    if constexpr (kLateInFlight)
-      if (tid < kLate) load_item(row.late, kBody + tid, x_img, y, col0);
   }
   // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
   // leaves some threads without one).
@@ -209,13 +202,9 @@ struct RowProducer {
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
     if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      if constexpr (kLateInFlight) {
-        range = store_item(quieted(row.late), kBody + tid, slot, range);
-      } else {
-        uint4 raw[kChannels];
-        load_item(raw, kBody + tid, x_img, y, col0);
-        range = store_item(quieted(raw), kBody + tid, slot, range);
-      }
+      uint4 raw[kChannels];
+      load_item(raw, kBody + tid, x_img, y, col0);
+      range = store_item(quieted(raw), kBody + tid, slot, range);
     }
     return range;
   }

@@ -6,14 +6,11 @@
 #include "epilogue_wgmma.cuh"
 #include "producer.cuh"
 #include "ring.cuh"
-#include "rows_wgmma.cuh"
 #include "scheduler.cuh"
 
 namespace kb25 {
 
-// kWgmmaRows: wgmma with the row-streaming mainloop and epilogue (rows_wgmma.cuh): a consumer's step is one input
-// row, three output rows rotating through its accumulators.
-enum class MmaKind { kMmaSync, kWgmma, kWgmmaRows };
+enum class MmaKind { kMmaSync, kWgmma };
 
 // Shared memory, one struct a kernel: per consumer its ring of input-row slots and its epilogue's buffers; then what
 // the consumers share (the mainloop's weights); then the ring's (full, empty) mbarriers per slot; then, where the
@@ -48,20 +45,15 @@ struct SharedStorage<Consumer, kConsumers, kSharedBytes, kSlots, 0> {  // the co
 // warps are split evenly between the consumers. With no producer warps (mma.sync), each consumer loads its own rows
 // into its 3 slots (SelfFeed): that leaves the register file to two consumer warps per scheduler.
 template <MmaKind kMma, class Precision, int kTileCols, int kConsumers_, int kProducerWarps, int kRing_, class Schedule_>
-struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync> {
-  using Geometry = ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSync>;
-  static constexpr bool kUsesWgmma = kMma != MmaKind::kMmaSync;
-  static constexpr bool kStreamsRows = kMma == MmaKind::kWgmmaRows;
-  using Mainloop = std::conditional_t<
-      kStreamsRows, WgmmaRowsMainloop<Geometry>,
-      std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>>;
+struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma> {
+  using Geometry = ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>;
+  static constexpr bool kUsesWgmma = kMma == MmaKind::kWgmma;
+  using Mainloop = std::conditional_t<kUsesWgmma, WgmmaMainloop<Geometry>, MmaSyncMainloop<Geometry>>;
   // kSave: the variant that also writes each pixel's argmin channel and pre-tanh min (autograd will need them).
   // Both variants share one shared-memory layout.
   template <bool kSave>
-  using EpilogueFor = std::conditional_t<
-      kStreamsRows, WgmmaRowsEpilogue<Mainloop, kSave>,
-      std::conditional_t<kUsesWgmma, WgmmaEpilogue<Mainloop, kSave, Schedule_>,
-                         MmaSyncEpilogue<Mainloop, kSave, Schedule_>>>;
+  using EpilogueFor = std::conditional_t<kUsesWgmma, WgmmaEpilogue<Mainloop, kSave, Schedule_>,
+                                         MmaSyncEpilogue<Mainloop, kSave, Schedule_>>;
   using Schedule = Schedule_;
   using Epilogue = EpilogueFor<false>;
   static_assert(EpilogueFor<true>::kSmemBytes == Epilogue::kSmemBytes, "one layout for both variants");
@@ -73,18 +65,10 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma != MmaKind::kMmaSyn
   // registers, so the slot of the window's oldest row is free once the step's first kernel row has been read).
   static constexpr bool kSelfFed = kProducerWarps == 0;
   static constexpr int kProducerThreads = kSelfFed ? Geometry::kWarpgroup : kProducers / kConsumers;  // per consumer
-  // Rows a consumer's producer threads have in flight at once: they split into kRowsInFlight sets of
-  // kRowThreads, set i storing the consumer's rows d with d mod kRowsInFlight = i. A row-streaming step (one 64-column
-  // input row) takes a quarter of a channel-major step's MMA time, so one row in flight would leave the consumer
-  // waiting on memory latency.
-  static constexpr int kRowsInFlight = kStreamsRows ? 4 : 1;
-  static constexpr int kRowThreads = kProducerThreads / kRowsInFlight;
-  static_assert(kProducerThreads % kRowsInFlight == 0 && (kRowsInFlight == 1 || !Schedule_::kHanded),
-                "whole sets of producer threads; a handed write needs every row's producer threads");
   static_assert(!kSelfFed || (!kUsesWgmma && kRing_ == Geometry::kKsize), "self-fed: mma.sync, the window's slots only");
   static_assert(kProducerWarps % kConsumers == 0, "the producer's warps split evenly between the consumers");
   static_assert(!kUsesWgmma || kProducers % Geometry::kWarpgroup == 0, "wgmma warpgroups start at a multiple of 4 warps");
-  using Producer = RowProducer<Geometry, kRowThreads, (kRowsInFlight > 1)>;
+  using Producer = RowProducer<Geometry, kProducerThreads>;
   // The 3-row window, the row being stored, and slots to spare: each spare lets the producer store a row one step
   // earlier, once the consumer has released that slot's previous row. A mainloop that releases the window's oldest
   // row as soon as its MMAs have read it (Mainloop::kReleasesOldestEarly) lets the producer store into that slot

@@ -83,13 +83,8 @@ GUARD_TAGS = ("Tf32RoundNearest", "Tf32x3")
 # step's minima, 16-bit ones packed, in one of `write_buffers` buffers and its producer threads write them);
 # write_buffers: the staged buffers a consumer cycles through (0 where mma.sync writes from registers).
 # docs/design.md says why each row is what it is.
-# layout (wgmma only): "channels" (A = the weights, M = the 64 output channels, N = the tile's pixels; a step is an
-# output row segment over a 3-row window, the min by a lane butterfly) or "rows" (A = 64 pixels of one input row, B =
-# the weights of all three kernel rows, N = 192: three output rows' accumulators rotate, a step is one input row and
-# the min is in registers; rows_wgmma.cuh).
 class FusedKernel(collections.namedtuple(
-        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers "
-        "layout", defaults=("channels",))):
+        "FusedKernel", "name mma precision operand input tile_cols consumers producer_warps ring write write_buffers")):
     @property
     def tag(self):
         return PRECISION_TAGS[(self.precision, self.operand, self.input)]
@@ -120,11 +115,6 @@ FUSED_TABLE = (
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16_from_fp32", "mma_sync", "fp16", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
-    # The row-streaming layout (wgmma): 64-column tiles, each consumer's rows in flight four at a time. Last, so that
-    # the chooser never takes them until a GPU has measured them against the rows above (they run by name).
-    FusedKernel("sm90_tf32_f16_rows", "wgmma", "tf32", "fp16", "fp32", 64, 2, 4, 8, "inline", 0, "rows"),
-    FusedKernel("sm90_bf16_rows", "wgmma", "bf16", "bf16", "bf16", 64, 2, 4, 8, "inline", 0, "rows"),
-    FusedKernel("sm90_fp16_rows", "wgmma", "fp16", "fp16", "fp16", 64, 2, 4, 8, "inline", 0, "rows"),
 )
 FUSED_KERNELS = tuple(k.name for k in FUSED_TABLE)
 # The guards: the rows of a guard tag with a guarded row of the same precision and MMA (the others carry no code for

@@ -165,9 +165,8 @@ def wgmma_atoms_cuh(k):
     """wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows, told apart by the
     accumulator's type: their N/2 accumulator operands are written out here rather than by hand."""
     # N = 64 as well: the saving variants' pixel-row MMAs (A = 64 pixels, B = the 64 channels).
-    # N = 192 for the row-streaming layout (three blocks of the 64 channels).
     shapes = sorted({(n, *OPERANDS[row.operand]) for row in k.FUSED_TABLE if row.mma == "wgmma"
-                     for n in ((row.tile_cols, 64) if row.layout == "channels" else (3 * k.FUSED_OUT_CHANNELS,))})
+                     for n in (row.tile_cols, 64)})
     out = [f"{BANNER}// wgmma.mma_async wrappers, one per (tile columns, operand type) of the table's wgmma rows. D(64 x N) +=",
            "// A(64 x k) * B(k x N), both K-major shared-memory descriptors; D = A * B where kAccumulate is false (scale-d 0:",
            "// whatever D's registers held is not read, so they need no initial value).",
@@ -193,10 +192,9 @@ __device__ __forceinline__ void wgmma_async(float (&d)[{n // 8}][4], uint64_t de
 
 def fused_table_cuh(k):
     """One `using` line of FusedTraits per FUSED_TABLE row, and the X-macro that walks them in the table's order."""
-    mma = {("wgmma", "channels"): "MmaKind::kWgmma", ("wgmma", "rows"): "MmaKind::kWgmmaRows",
-           ("mma_sync", "channels"): "MmaKind::kMmaSync"}
+    mma = {"wgmma": "MmaKind::kWgmma", "mma_sync": "MmaKind::kMmaSync"}
     write = {"handed": "WriteSchedule::kHanded", "inline": "WriteSchedule::kInline"}
-    lines = [f"using {camel(r.name)} = FusedTraits<{mma[r.mma, r.layout]}, {r.tag}, {r.tile_cols}, "
+    lines = [f"using {camel(r.name)} = FusedTraits<{mma[r.mma]}, {r.tag}, {r.tile_cols}, "
              f"{r.consumers}, {r.producer_warps}, {r.ring}, Schedule<{write[r.write]}, {r.write_buffers}>>;"
              for r in k.FUSED_TABLE]
     guards = [f"template <>\ninline constexpr bool kRecomputesListed<{camel(name)}> = true;" for name in k.GUARD_KERNELS]

@@ -90,16 +90,15 @@ def kernel_names(mangled, table):
     """{mangled: name}: a fused kernel as its FUSED_TABLE row's name ("fused/<row>", "/save" for the variant that
     saves the argmin), so that it keeps its name when its template arguments are spelled otherwise; the other
     kernels as they are mangled (no demangler needed)."""
-    kinds = {("mma_sync", "channels"): "0", ("wgmma", "channels"): "1", ("wgmma", "rows"): "2"}  # MmaKind's values
-    rows = {(kinds[row.mma, row.layout], mangled_tag(tag), row.tile_cols, row.consumers, row.producer_warps, row.ring):
-            row.name for row, tag in table}
+    rows = {(row.mma == "wgmma", mangled_tag(tag), row.tile_cols, row.consumers, row.producer_warps, row.ring): row.name
+            for row, tag in table}
     names = {}
     for m in mangled:
         found = FUSED.search(m)
         row = None
         if found:
             mma, tag, *ints, save = found.groups()
-            row = rows.get((mma, tag, *map(int, ints)))
+            row = rows.get((mma == "1", tag, *map(int, ints)))
         names[m] = f"fused/{row}" + ("/save" if save == "1" else "") if row else m
     return names
 

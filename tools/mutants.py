@@ -635,41 +635,6 @@ MUTANTS = {
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
          "test_every_kernels_saving_variant_follows_float64[sm90_tf32x3]"],
     ),
-    # the row-streaming kernels' weights: a block gets kernel row (r + kh) mod 3 instead of (r - kh) mod 3
-    "rows_wrong_rotation": (
-        "Geometry::kCout * ((r - kh + kK) % kK) + co",
-        "Geometry::kCout * ((r + kh) % kK) + co",
-        [node("test_edge_shapes", "kernel-sm90_tf32_f16_rows", shape="3x16x40x600"),
-         node("test_edge_shapes", "kernel-sm90_bf16_rows", shape="3x16x40x600")],
-    ),
-    # the row-streaming kernels start each output row from zero, not the bias
-    "rows_reset_drops_bias": (
-        '"f"(bias[2 * i + (q & 1)])',
-        '"f"(0.f * bias[2 * i + (q & 1)])',
-        [node("test_edge_shapes", "kernel-sm90_tf32_f16_rows", shape="3x16x40x600"),
-         node("test_edge_shapes", "kernel-sm90_fp16_rows", shape="3x16x40x600")],
-    ),
-    # the row-streaming inference epilogue skips the second quad step: each pixel's min over half of the channels
-    "rows_min_over_half_the_quad": (
-        "v = nan_min(v, __shfl_xor_sync(0xffffffffu, v, 2));",
-        "v = nan_min(v, v);",
-        [node("test_edge_shapes", "kernel-sm90_tf32_f16_rows", shape="3x16x40x600"),
-         node("test_edge_shapes", "kernel-sm90_bf16_rows", shape="3x16x40x600")],
-    ),
-    # the row-streaming saving epilogue skips the second quad step: argmin and min over half of the channels
-    "rows_saving_over_half_the_quad": (
-        "keep_min(v, channel, __shfl_xor_sync(0xffffffffu, v, 2), __shfl_xor_sync(0xffffffffu, channel, 2));",
-        "keep_min(v, channel, v, channel);",
-        ["test_every_kernels_saving_variant_follows_float64[sm90_tf32_f16_rows]",
-         "test_every_kernels_saving_variant_follows_float64[sm90_fp16_rows]"],
-    ),
-    # the row-streaming saving epilogue starts each lane's scan at channel 0 instead of its own first (2 t)
-    "rows_saving_scan_starts_at_channel_0": (
-        "p.c[h] = 2 * t;",
-        "p.c[h] = 0;",
-        ["test_every_kernels_saving_variant_follows_float64[sm90_tf32_f16_rows]",
-         "test_every_kernels_saving_variant_follows_float64[sm90_bf16_rows]"],
-    ),
     # the pixel-row saving epilogue (wgmma, one product) lets a later channel of an equal value take the argmin
     "pixel_rows_ties_go_to_the_later_channel": (
         "const bool took = !(best <= v) && best == best;",

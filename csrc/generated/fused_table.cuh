@@ -25,9 +25,6 @@ using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2,
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Tf32F16Rows = FusedTraits<MmaKind::kWgmmaRows, Tf32OnF16, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Bf16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__nv_bfloat16>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
-using Sm90Fp16Rows = FusedTraits<MmaKind::kWgmmaRows, Native16<__half>, 64, 2, 4, 8, Schedule<WriteSchedule::kInline, 0>>;
 
 template <>
 inline constexpr bool kRecomputesListed<Sm90Tf32> = true;
@@ -42,4 +39,4 @@ inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32) X(Sm90Tf32F16Rows) X(Sm90Bf16Rows) X(Sm90Fp16Rows)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)

@@ -2,7 +2,7 @@
 built into its own extension cache; the tests named for it must fail on it (with an assertion, not an error).
 
     python3 tools/mutants.py                 # every mutant (needs a CUDA GPU: the mutations are in the kernels)
-    python3 tools/mutants.py --only min_drops_nan
+    python3 tools/mutants.py --only min_drops_nan rows_wrong_rotation
 
 The CPU-side mutations (a wrong variant accepted by the checks, the exact-fp32 case) are covered by the CPU tests
 themselves; these are the ones only a GPU can see.
@@ -655,9 +655,9 @@ def run_mutant(name, workdir):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=sorted(MUTANTS), default=None)
+    p.add_argument("--only", nargs="+", choices=sorted(MUTANTS), default=None, help="these mutants (default: all)")
     args = p.parse_args()
-    names = [args.only] if args.only else list(MUTANTS)
+    names = args.only or list(MUTANTS)
     workdir = tempfile.mkdtemp(prefix="mutants_")
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
         results = list(pool.map(lambda n: run_mutant(n, workdir), names))

@@ -34,10 +34,19 @@ def log(msg):
     print(msg, flush=True)
 
 
-def current_commit():
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                         capture_output=True, text=True)
-    return run.stdout.strip() if run.returncode == 0 else None
+def current_commit(root=os.path.dirname(os.path.abspath(__file__))):
+    """HEAD's short hash where the tracked files are as HEAD has them; None where git fails or they differ (a copy of
+    a working tree beside an older .git would otherwise name a commit whose code did not run): pass --commit then."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+
+    head, changed = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    if head.returncode != 0 or changed.returncode != 0:
+        return None
+    if changed.stdout.strip():
+        log(f"[commit] the tracked files differ from HEAD {head.stdout.strip()}: no commit recorded (pass --commit)")
+        return None
+    return head.stdout.strip()
 
 
 def parse_args():
@@ -54,7 +63,8 @@ def parse_args():
     p.add_argument("--measure-import", action="store_true",
                    help="also time a first import (compile into an empty cache) and a cached import")
     p.add_argument("--commit", default=None,
-                   help="the commit the tree is at, recorded in the results (default: git rev-parse, where git works)")
+                   help="the commit the tree is at, recorded in the results (default: HEAD, where the tracked files "
+                        "are as HEAD has them)")
     p.add_argument("--output", default=None, help="results file (default results/<gpu>.json)")
     p.add_argument("--spread-processes", type=int, default=3,
                    help="fresh processes that each time ModelNew on a fresh input (0: skip; at least 3 otherwise)")

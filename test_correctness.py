@@ -406,6 +406,26 @@ def test_bench_refuses_too_few_trials_or_processes(argv, message):
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
+    """bench.py records HEAD only where the tracked files are HEAD's: a tree copied beside an older .git names none."""
+    import bench
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("a")
+    git("add", "kernel.cu")
+    git("commit", "-q", "-m", "a")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "notes.txt").write_text("untracked")
+    assert bench.current_commit(str(tmp_path)) == head
+    (tmp_path / "kernel.cu").write_text("b")
+    assert bench.current_commit(str(tmp_path)) is None
+
+
 def test_cuda_source_has_no_torch_headers():
     assert not any("torch" in inc or "ATen" in inc or "c10" in inc
                    for inc in re.findall(r"#include\s*[<\"]([^>\"]+)", model_new.cuda_source()))

@@ -6,6 +6,8 @@
 # show a hang or a wrong result there in a minute, not in the suite.
 # kernelbench needs KERNELBENCH_DIR (a KernelBench checkout); it and bench write results/<gpu>.json.
 # SANITIZE_CASES (case keys of harness.CASES or backends, e.g. "kernel") limits the sanitizer to those cases.
+# COMMIT names the tree's commit for bench's results where this machine's .git does not hold the tree (bench.py
+# records none where the tracked files differ from HEAD).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-device-out}
@@ -45,7 +47,7 @@ if want bench-fast; then
   python3 bench.py --skip-compile --output "$OUT/bench-fast.json" 2>&1 | tee "$OUT/bench-fast.log" || status=1
 fi
 if want bench; then
-  python3 bench.py --measure-import 2>&1 | tee "$OUT/bench.log" || status=1
+  python3 bench.py --measure-import ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench.log" || status=1
 fi
 if want kernelbench; then
   python3 tools/kernelbench_eval.py 2>&1 | tee "$OUT/kernelbench.log" || status=1

@@ -2226,6 +2226,43 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
         assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
 
 
+def _ranges_cross_strips(images, out_rows, col_blocks, ctas):
+    """Whether some CTA's range of backward steps (step_range over (image, column strip, output row)) runs from the
+    end of one column strip into the next: a step starting a strip that is not the first of its CTA."""
+    total = images * col_blocks * out_rows
+    begins = {total * b // ctas for b in range(min(ctas, total))}
+    return any((n * col_blocks + cb) * out_rows not in begins for n in range(images) for cb in range(1, col_blocks))
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_weight_gradient_ignores_an_earlier_strips_infinities(profile, tf32_default):
+    """The fed TF32 dW keeps each input row in a ring slot. A row of a strip that ends within the tile (W = 508: the
+    second 256-column strip holds 252 input columns) leaves its slot's last chunk (columns 256-259) unstored, and the
+    taps of the pixels past the row's end (254, 255) read it, times B's zeros. The producer zeroes it: otherwise it
+    keeps what the slot held in the strip before, here infinities at input columns 256 and 257 of each image's last
+    four rows (the rows a CTA holds when it moves on to the next strip), and 0 * inf makes dW NaN where the reference
+    has a number. Every image has them, and the shape leaves some CTA running across a strip's end for a grid of one
+    or two CTAs an SM (but on 84 or 98 SMs)."""
+    shape = (7, 16, 130, 508)
+    n, _, h, w = shape
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for ctas in (sms, 2 * sms):
+        assert _ranges_cross_strips(n, h - 2, 2, ctas), f"expected a CTA of {ctas} to cross a strip's end, got none"
+    new, x, g, _ = _train_setup(profile, "tf32", shape, seed=69)
+    x[:, 3, h - 4:, 256:258] = float("inf")
+    with harness.emulated(profile):
+        _, dx, dw, db = _grads(new, x, g)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
+                                                                  new.conv.bias.detach(), AUTO)
+    routed = harness.routed_float64_grads(x, new.conv.weight.detach(), argmin, pre_min, g)
+    tol = {"x": ROUTED_TOL["tf32"], "w": TF32_WEIGHT_GRAD_TOL, "b": ROUTED_TOL["tf32"]}
+    for name, got, want in zip("xwb", (dx, dw, db), routed):
+        assert torch.equal(got.isnan(), want.isnan()), (profile, name, int(got.isnan().sum()), int(want.isnan().sum()))
+        assert harness.relative_error(got, want) <= tol[name], (profile, name)
+    assert dw[:, 3].isnan().any() and not dw[:, 3].isnan().all()
+
+
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 def test_training_parts_retain_graph_noncontiguous_grad_and_determinism(profile, forward_mode, tf32_default):

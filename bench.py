@@ -351,59 +351,93 @@ def _peak_mb(step, clear):
     return (torch.cuda.max_memory_allocated() - before) / 1e6
 
 
-def bench_training_forms(args, init, shape):
+# The training forms' models in the order they are timed, in a process of their own: every eager step (the reference
+# and ModelNew) before the first torch.compile. A process that has compiled issues each later eager call about a third
+# slower (docs/perf-notes.md, "Host and dispatch"), and at N = 32 ModelNew's step is the host's.
+TRAIN_FORM_PASSES = (("reference", "model_new"), ("reference_compiled",))
+
+FORMS_CODE = """
+import json, sys, types, bench, reference
+args = types.SimpleNamespace(seed=int(sys.argv[1]), trials=int(sys.argv[2]), warmup=int(sys.argv[3]))
+shape = (reference.batch_size, reference.in_channels, reference.height, reference.width)
+print(json.dumps(bench.time_training_forms(args, reference.get_init_inputs(), shape)))
+"""
+
+
+def bench_training_forms(args):
+    """time_training_forms in a fresh process, on reference.py's model and input shape, its log lines passed on."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", FORMS_CODE, str(args.seed), str(args.trials), str(args.warmup)],
+                          cwd=here, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr)
+    *lines, last = proc.stdout.strip().splitlines()
+    for line in lines:
+        log(line)
+    return json.loads(last)
+
+
+def time_training_forms(args, init, shape, device="cuda"):
     """Each training form, batch and precision: the step's median time (CUDA events, L2 flushed before each step) for
     the reference, torch.compile(reference) (default mode: the anchor a training user would otherwise pick) and
-    ModelNew, and the peak memory above the inputs for the reference and ModelNew. params_only: the data needs no
-    grad and the loss is the MSE against a fixed target (a training loop's step); x_and_params: x needs grad too and
-    the output takes backward(g) (bench_training's form). A list of {"form", "n", "precision", "ms", "peak_mb"}."""
-    forms = []
-    for precision in TRAIN_FORM_PRECISIONS:
-        spec = harness.PRECISIONS[precision]
-        torch.backends.cudnn.allow_tf32 = spec.allow_tf32
-        for n in TRAIN_FORM_NS:
-            oh, ow = shape[2] - init[2] + 1, shape[3] - init[2] + 1
-            gen = torch.Generator("cuda").manual_seed(args.seed + 5)
-            x0 = harness.make_input((n, *shape[1:]), seed=args.seed + 4, device="cuda").to(spec.dtype)
-            target = (2 * torch.rand(n, 1, oh, ow, generator=gen, device="cuda") - 1).to(spec.dtype)
-            g = torch.randn(n, 1, oh, ow, generator=gen, device="cuda").to(spec.dtype)
-            for form in TRAIN_FORMS:
-                ref, new = (m.train().to(spec.dtype) for m in harness.make_models(args.seed, init, device="cuda"))
-                x = x0.detach().requires_grad_(form == "x_and_params")
-                entry = {"form": form, "n": n, "precision": precision, "ms": {}, "peak_mb": {}}
-                for name, model in (("reference", ref), ("reference_compiled", torch.compile(ref)),
-                                    ("model_new", new)):
-                    def clear():
-                        model.zero_grad(set_to_none=True)
-                        x.grad = None
+    ModelNew, and the peak memory above the inputs for the reference and ModelNew, timed in TRAIN_FORM_PASSES' order.
+    params_only: the data needs no grad and the loss is the MSE against a fixed target (a training loop's step);
+    x_and_params: x needs grad too and the output takes backward(g) (bench_training's form). A list of {"form", "n",
+    "precision", "ms", "peak_mb", "vs_reference", "vs_reference_compiled"}. (device: "cpu" only for the test of the
+    order, which stands in for the timer.)"""
+    entries = {}
+    for names in TRAIN_FORM_PASSES:
+        for precision in TRAIN_FORM_PRECISIONS:
+            spec = harness.PRECISIONS[precision]
+            torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+            for n in TRAIN_FORM_NS:
+                oh, ow = shape[2] - init[2] + 1, shape[3] - init[2] + 1
+                gen = torch.Generator(device).manual_seed(args.seed + 5)
+                x0 = harness.make_input((n, *shape[1:]), seed=args.seed + 4, device=device).to(spec.dtype)
+                target = (2 * torch.rand(n, 1, oh, ow, generator=gen, device=device) - 1).to(spec.dtype)
+                g = torch.randn(n, 1, oh, ow, generator=gen, device=device).to(spec.dtype)
+                for form in TRAIN_FORMS:
+                    ref, new = (m.train().to(spec.dtype) for m in harness.make_models(args.seed, init, device=device))
+                    x = x0.detach().requires_grad_(form == "x_and_params")
+                    entry = entries.setdefault((precision, n, form), {"form": form, "n": n, "precision": precision,
+                                                                      "ms": {}, "peak_mb": {}})
+                    for name in names:
+                        model = torch.compile(ref) if name == "reference_compiled" else {"reference": ref,
+                                                                                         "model_new": new}[name]
 
-                    def step():
-                        clear()
-                        out = model(x)
-                        if form == "params_only":
-                            torch.nn.functional.mse_loss(out, target).backward()
-                        else:
-                            out.backward(g)
+                        def clear():
+                            model.zero_grad(set_to_none=True)
+                            x.grad = None
 
-                    step()  # compiles, or builds what the first backward builds
-                    if name != "reference_compiled":
-                        entry["peak_mb"][name] = _peak_mb(step, clear)
-                    # 10 trials a model: steps of 1-16 ms, and the 8 compiles keep bench.py within its 10 minutes
-                    entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
-                                                                            warmup=args.warmup))
-                ms = entry["ms"]
-                entry["vs_reference"] = ms["reference"] / ms["model_new"]
-                entry["vs_reference_compiled"] = ms["reference_compiled"] / ms["model_new"]
-                forms.append(entry)
-                log(f"[training forms] {form:12s} N={n:3d} {precision}: reference {ms['reference']:.3f}, compiled "
-                    f"{ms['reference_compiled']:.3f}, ModelNew {ms['model_new']:.3f} ms ({entry['vs_reference']:.1f}x / "
-                    f"{entry['vs_reference_compiled']:.1f}x); peak {entry['peak_mb']['reference']:.0f} / "
-                    f"{entry['peak_mb']['model_new']:.0f} MB")
-                del ref, new, x
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
-            del x0, target, g
+                        def step():
+                            clear()
+                            out = model(x)
+                            if form == "params_only":
+                                torch.nn.functional.mse_loss(out, target).backward()
+                            else:
+                                out.backward(g)
+
+                        step()  # compiles, or builds what the first backward builds
+                        if name != "reference_compiled":
+                            entry["peak_mb"][name] = _peak_mb(step, clear)
+                        # 10 trials a model: steps of 1-16 ms, and the 8 compiles keep bench.py within its 10 minutes
+                        entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
+                                                                                warmup=args.warmup))
+                    del ref, new, x
+                    torch._dynamo.reset()
+                    torch.cuda.empty_cache()
+                del x0, target, g
     torch.backends.cudnn.allow_tf32 = True
+    forms = []
+    for entry in entries.values():
+        ms = entry["ms"]
+        entry["vs_reference"] = ms["reference"] / ms["model_new"]
+        entry["vs_reference_compiled"] = ms["reference_compiled"] / ms["model_new"]
+        forms.append(entry)
+        log(f"[training forms] {entry['form']:12s} N={entry['n']:3d} {entry['precision']}: reference "
+            f"{ms['reference']:.3f}, compiled {ms['reference_compiled']:.3f}, ModelNew {ms['model_new']:.3f} ms "
+            f"({entry['vs_reference']:.1f}x / {entry['vs_reference_compiled']:.1f}x); peak "
+            f"{entry['peak_mb']['reference']:.0f} / {entry['peak_mb']['model_new']:.0f} MB")
     return forms
 
 
@@ -547,7 +581,7 @@ def main():
     training = None if args.skip_training else bench_training(args, init, shape)
     training_kernels = None if args.skip_training else bench_training_kernels(args, init, shape)
     strict_grad_err = None if args.skip_training else bench_strict_grad_err(args, init, shape)
-    training_forms = None if args.skip_training else bench_training_forms(args, init, shape)
+    training_forms = None if args.skip_training else bench_training_forms(args)
     autocast = None if args.skip_training else bench_autocast(args, init, shape)
     spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):

@@ -426,6 +426,40 @@ def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
     assert bench.current_commit(str(tmp_path)) is None
 
 
+def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
+    """bench.py's training forms: in their own process, the reference's and ModelNew's eager steps all come before
+    the first torch.compile (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step
+    would show), and each form gets all three times and both peaks. Run on the CPU at a small shape, with the timer,
+    the peak and torch.compile recorded instead of run."""
+    import types
+
+    import bench
+
+    events = []
+
+    def time_cuda(step, trials, warmup):
+        step()
+        events.append("time")
+        return [1.0, 2.0, 4.0]
+
+    def compile_(model, *args, **kwargs):
+        events.append("compile")
+        return model
+
+    monkeypatch.setattr(harness, "time_cuda", time_cuda)
+    monkeypatch.setattr(bench, "_peak_mb", lambda step, clear: (clear(), step(), 3.0)[-1])
+    monkeypatch.setattr(torch, "compile", compile_)
+    monkeypatch.setattr(bench, "TRAIN_FORM_NS", (2,))
+    args = types.SimpleNamespace(seed=0, trials=25, warmup=1)
+    forms = bench.time_training_forms(args, reference.get_init_inputs(), (2, 16, 10, 12), device="cpu")
+    kinds = len(bench.TRAIN_FORMS) * len(bench.TRAIN_FORM_PRECISIONS)
+    assert events == ["time"] * (2 * kinds) + ["compile", "time"] * kinds, events
+    assert len(forms) == kinds
+    for form in forms:
+        assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "reference_compiled": 2.0}, form
+        assert form["peak_mb"] == {"reference": 3.0, "model_new": 3.0} and form["vs_reference"] == 1.0, form
+
+
 def test_cuda_source_has_no_torch_headers():
     assert not any("torch" in inc or "ATen" in inc or "c10" in inc
                    for inc in re.findall(r"#include\s*[<\"]([^>\"]+)", model_new.cuda_source()))

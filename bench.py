@@ -35,12 +35,17 @@ def log(msg):
 
 
 def current_commit(root=os.path.dirname(os.path.abspath(__file__))):
-    """HEAD's short hash where the tracked files are as HEAD has them; None where git fails or they differ (a copy of
-    a working tree beside an older .git would otherwise name a commit whose code did not run): pass --commit then."""
+    """HEAD's short hash where the tracked files but results/ (what runs write) are as HEAD has them; None where git
+    fails or they differ (a copy of a working tree beside an older .git would otherwise name a commit whose code did
+    not run): pass --commit then."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
 
-    head, changed = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    except OSError:  # no git
+        return None
     if head.returncode != 0 or changed.returncode != 0:
         return None
     if changed.stdout.strip():
@@ -360,8 +365,9 @@ FORMS_CODE = """
 import json, sys, types, bench, reference
 args = types.SimpleNamespace(seed=int(sys.argv[1]), trials=int(sys.argv[2]), warmup=int(sys.argv[3]))
 shape = (reference.batch_size, reference.in_channels, reference.height, reference.width)
-print(json.dumps(bench.time_training_forms(args, reference.get_init_inputs(), shape)))
+print(bench.FORMS_MARK + json.dumps(bench.time_training_forms(args, reference.get_init_inputs(), shape)))
 """
+FORMS_MARK = "FORMS_JSON "  # starts the child's result line (a compile worker may write to its stdout too)
 
 
 def bench_training_forms(args):
@@ -369,12 +375,14 @@ def bench_training_forms(args):
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, "-c", FORMS_CODE, str(args.seed), str(args.trials), str(args.warmup)],
                           cwd=here, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr)
-    *lines, last = proc.stdout.strip().splitlines()
+        raise RuntimeError("\n".join(lines[-20:]) + "\n" + proc.stderr)
+    results = [line for line in lines if line.startswith(FORMS_MARK)]
     for line in lines:
-        log(line)
-    return json.loads(last)
+        if not line.startswith(FORMS_MARK):
+            log(line)
+    return json.loads(results[-1][len(FORMS_MARK):])
 
 
 def time_training_forms(args, init, shape, device="cuda"):
@@ -424,7 +432,8 @@ def time_training_forms(args, init, shape, device="cuda"):
                         entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
                                                                                 warmup=args.warmup))
                     del ref, new, x
-                    torch._dynamo.reset()
+                    if "reference_compiled" in names:
+                        torch._dynamo.reset()
                     torch.cuda.empty_cache()
                 del x0, target, g
     torch.backends.cudnn.allow_tf32 = True

@@ -407,20 +407,27 @@ def test_bench_refuses_too_few_trials_or_processes(argv, message):
 
 
 def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
-    """bench.py records HEAD only where the tracked files are HEAD's: a tree copied beside an older .git names none."""
+    """bench.py records HEAD only where the tracked files are HEAD's (results/, which runs write, aside): a tree
+    copied beside an older .git names none."""
     import bench
 
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
 
     git("init", "-q")
+    (tmp_path / "results").mkdir()
     (tmp_path / "kernel.cu").write_text("a")
-    git("add", "kernel.cu")
+    (tmp_path / "results" / "gpu.json").write_text("{}")
+    git("add", "kernel.cu", "results/gpu.json")
     git("commit", "-q", "-m", "a")
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
                           text=True).stdout.strip()
     (tmp_path / "notes.txt").write_text("untracked")
+    (tmp_path / "results" / "gpu.json").write_text('{"ms": 1}')
     assert bench.current_commit(str(tmp_path)) == head
     (tmp_path / "kernel.cu").write_text("b")
     assert bench.current_commit(str(tmp_path)) is None
@@ -431,6 +438,7 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     the first torch.compile (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step
     would show), and each form gets all three times and both peaks. Run on the CPU at a small shape, with the timer,
     the peak and torch.compile recorded instead of run."""
+    import json
     import types
 
     import bench
@@ -458,6 +466,12 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     for form in forms:
         assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "reference_compiled": 2.0}, form
         assert form["peak_mb"] == {"reference": 3.0, "model_new": 3.0} and form["vs_reference"] == 1.0, form
+    # The parent takes the child's marked line, whatever else the child printed after it, and passes the rest on.
+    child = subprocess.CompletedProcess([], 0, f"[training forms] a\n{bench.FORMS_MARK}{json.dumps(forms)}\nworker\n", "")
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: child)
+    logged = []
+    monkeypatch.setattr(bench, "log", logged.append)
+    assert bench.bench_training_forms(args) == forms and logged == ["[training forms] a", "worker"]
 
 
 def test_cuda_source_has_no_torch_headers():

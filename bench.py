@@ -356,33 +356,38 @@ def _peak_mb(step, clear):
     return (torch.cuda.max_memory_allocated() - before) / 1e6
 
 
-# The training forms' models in the order they are timed, in a process of their own: every eager step (the reference
-# and ModelNew) before the first torch.compile. A process that has compiled issues each later eager call about a third
-# slower (docs/perf-notes.md, "Host and dispatch"), and at N = 32 ModelNew's step is the host's.
+# The training steps run in a process of their own (bench_training_steps), in this order: bench_training's, then the
+# forms' models pass by pass, so that every eager step (the reference and ModelNew) comes before the first
+# torch.compile. A process that has compiled issues each later eager call about a third slower (docs/perf-notes.md,
+# "Host and dispatch"), and at N = 32 ModelNew's step is the host's.
 TRAIN_FORM_PASSES = (("reference", "model_new"), ("reference_compiled",))
 
-FORMS_CODE = """
+TRAINING_CODE = """
 import json, sys, types, bench, reference
 args = types.SimpleNamespace(seed=int(sys.argv[1]), trials=int(sys.argv[2]), warmup=int(sys.argv[3]))
-shape = (reference.batch_size, reference.in_channels, reference.height, reference.width)
-print(bench.FORMS_MARK + json.dumps(bench.time_training_forms(args, reference.get_init_inputs(), shape)))
+init, shape = reference.get_init_inputs(), (reference.batch_size, reference.in_channels, reference.height,
+                                            reference.width)
+training = bench.bench_training(args, init, shape)
+print(bench.TRAINING_MARK + json.dumps({"training": training, "forms": bench.time_training_forms(args, init, shape)}))
 """
-FORMS_MARK = "FORMS_JSON "  # starts the child's result line (a compile worker may write to its stdout too)
+TRAINING_MARK = "TRAINING_JSON "  # starts the child's result line (a compile worker may write to its stdout too)
 
 
-def bench_training_forms(args):
-    """time_training_forms in a fresh process, on reference.py's model and input shape, its log lines passed on."""
+def bench_training_steps(args):
+    """(bench_training, time_training_forms) in a fresh process, on reference.py's model and input shape, the
+    child's log lines passed on."""
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", FORMS_CODE, str(args.seed), str(args.trials), str(args.warmup)],
+    proc = subprocess.run([sys.executable, "-c", TRAINING_CODE, str(args.seed), str(args.trials), str(args.warmup)],
                           cwd=here, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0:
         raise RuntimeError("\n".join(lines[-20:]) + "\n" + proc.stderr)
-    results = [line for line in lines if line.startswith(FORMS_MARK)]
+    results = [line for line in lines if line.startswith(TRAINING_MARK)]
     for line in lines:
-        if not line.startswith(FORMS_MARK):
+        if not line.startswith(TRAINING_MARK):
             log(line)
-    return json.loads(results[-1][len(FORMS_MARK):])
+    result = json.loads(results[-1][len(TRAINING_MARK):])
+    return result["training"], result["forms"]
 
 
 def time_training_forms(args, init, shape, device="cuda"):
@@ -587,10 +592,9 @@ def main():
     torch._dynamo.reset()
     modes = {} if args.skip_modes else bench_modes(args, init, shape)
     portability = {} if args.skip_portability else bench_portability(args, init, shape)
-    training = None if args.skip_training else bench_training(args, init, shape)
     training_kernels = None if args.skip_training else bench_training_kernels(args, init, shape)
     strict_grad_err = None if args.skip_training else bench_strict_grad_err(args, init, shape)
-    training_forms = None if args.skip_training else bench_training_forms(args)
+    training, training_forms = (None, None) if args.skip_training else bench_training_steps(args)
     autocast = None if args.skip_training else bench_autocast(args, init, shape)
     spread = {"model_new": measure_spread(args)} if args.spread_processes else None
     def med(name):

@@ -434,10 +434,10 @@ def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
 
 
 def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
-    """bench.py's training forms: in their own process, the reference's and ModelNew's eager steps all come before
-    the first torch.compile (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step
-    would show), and each form gets all three times and both peaks. Run on the CPU at a small shape, with the timer,
-    the peak and torch.compile recorded instead of run."""
+    """bench.py's training forms: the reference's and ModelNew's eager steps all come before the first torch.compile
+    (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step would show), and each form
+    gets all three times and both peaks. Run on the CPU at a small shape, with the timer, the peak and torch.compile
+    recorded instead of run; then the parent's reading of the child process's output (bench_training_steps)."""
     import json
     import types
 
@@ -467,11 +467,12 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
         assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "reference_compiled": 2.0}, form
         assert form["peak_mb"] == {"reference": 3.0, "model_new": 3.0} and form["vs_reference"] == 1.0, form
     # The parent takes the child's marked line, whatever else the child printed after it, and passes the rest on.
-    child = subprocess.CompletedProcess([], 0, f"[training forms] a\n{bench.FORMS_MARK}{json.dumps(forms)}\nworker\n", "")
+    marked = bench.TRAINING_MARK + json.dumps({"training": {"n": 2}, "forms": forms})
+    child = subprocess.CompletedProcess([], 0, f"[training] a\n{marked}\nworker\n", "")
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: child)
     logged = []
     monkeypatch.setattr(bench, "log", logged.append)
-    assert bench.bench_training_forms(args) == forms and logged == ["[training forms] a", "worker"]
+    assert bench.bench_training_steps(args) == ({"n": 2}, forms) and logged == ["[training] a", "worker"]
 
 
 def test_cuda_source_has_no_torch_headers():

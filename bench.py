@@ -34,6 +34,17 @@ def log(msg):
     print(msg, flush=True)
 
 
+def run_python(code, *argv, env=None):
+    """The stdout lines of `python -c code argv...` in a fresh process at the repository's root; where it fails, its
+    last lines and stderr raised."""
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=os.path.dirname(os.path.abspath(__file__)),
+                          env=env, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0:
+        raise RuntimeError("\n".join([*lines[-20:], proc.stderr]))
+    return lines
+
+
 def current_commit(root=os.path.dirname(os.path.abspath(__file__))):
     """HEAD's short hash where the tracked files but results/ (what runs write) are as HEAD has them; None where git
     fails or they differ (a copy of a working tree beside an older .git would otherwise name a commit whose code did
@@ -90,7 +101,6 @@ def default_output():
 
 def measure_import():
     """Seconds for `import model_new` in a fresh process: into an empty extension cache, then from the cache."""
-    here = os.path.dirname(os.path.abspath(__file__))
     out = {}
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCH_EXTENSIONS_DIR=cache)
@@ -99,10 +109,7 @@ def measure_import():
                "assert model_new.extension_available(); print(time.perf_counter() - t)"
         for key in ("first", "cached"):
             log(f"  import model_new ({key}) ...")
-            proc = subprocess.run([sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr)
-            out[key] = float(proc.stdout.strip().splitlines()[-1])
+            out[key] = float(run_python(code, env=env)[-1])
     return out
 
 
@@ -153,15 +160,10 @@ with torch.no_grad():
 
 def measure_spread(args):
     """ModelNew's median in fresh processes, each with its own input allocation (seed): the spread between them."""
-    here = os.path.dirname(os.path.abspath(__file__))
     medians = []
     for i in range(args.spread_processes):
         log(f"  spread: process {i + 1}/{args.spread_processes} ...")
-        proc = subprocess.run([sys.executable, "-c", SPREAD_CODE, str(args.seed), str(args.seed + 100 + i),
-                               str(args.trials), str(args.warmup)], cwd=here, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr)
-        medians.append(float(proc.stdout.strip().splitlines()[-1]))
+        medians.append(float(run_python(SPREAD_CODE, args.seed, args.seed + 100 + i, args.trials, args.warmup)[-1]))
     return {"min": min(medians), "median": statistics.median(medians), "max": max(medians),
             "processes": len(medians), "medians": medians}
 
@@ -376,16 +378,13 @@ TRAINING_MARK = "TRAINING_JSON "  # starts the child's result line (a compile wo
 def bench_training_steps(args):
     """(bench_training, time_training_forms) in a fresh process, on reference.py's model and input shape, the
     child's log lines passed on."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", TRAINING_CODE, str(args.seed), str(args.trials), str(args.warmup)],
-                          cwd=here, capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0:
-        raise RuntimeError("\n".join(lines[-20:]) + "\n" + proc.stderr)
+    lines = run_python(TRAINING_CODE, args.seed, args.trials, args.warmup)
     results = [line for line in lines if line.startswith(TRAINING_MARK)]
     for line in lines:
         if not line.startswith(TRAINING_MARK):
             log(line)
+    if not results:
+        raise RuntimeError(f"the training steps' process printed no line starting {TRAINING_MARK!r}")
     result = json.loads(results[-1][len(TRAINING_MARK):])
     return result["training"], result["forms"]
 

@@ -466,6 +466,10 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     for form in forms:
         assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "reference_compiled": 2.0}, form
         assert form["peak_mb"] == {"reference": 3.0, "model_new": 3.0} and form["vs_reference"] == 1.0, form
+    # A child's stdout lines, or its last lines and stderr where it fails.
+    assert bench.run_python("import sys; print(sys.argv[1:])", 7, "a") == ["['7', 'a']"]
+    with pytest.raises(RuntimeError, match="(?s)half done.*ZeroDivisionError"):
+        bench.run_python("print('half done'); 1 / 0")
     # The parent takes the child's marked line, whatever else the child printed after it, and passes the rest on.
     marked = bench.TRAINING_MARK + json.dumps({"training": {"n": 2}, "forms": forms})
     child = subprocess.CompletedProcess([], 0, f"[training] a\n{marked}\nworker\n", "")
@@ -473,6 +477,9 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     logged = []
     monkeypatch.setattr(bench, "log", logged.append)
     assert bench.bench_training_steps(args) == ({"n": 2}, forms) and logged == ["[training] a", "worker"]
+    child.stdout = "[training] a\n"
+    with pytest.raises(RuntimeError, match="printed no line starting 'TRAINING_JSON '"):
+        bench.bench_training_steps(args)
 
 
 def test_cuda_source_has_no_torch_headers():

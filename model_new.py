@@ -57,8 +57,8 @@ PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
 # The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
 # and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
 # (Tf32RoundNearest) for inputs beyond fp16; strict fp32 on fp16 hi/lo parts (Fp32OnF16x3, "fp16x3": three products at
-# the fp16 rate) is strict's on sm_90, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
-# the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
+# the fp16 rate) is strict's, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as
+# x.to(dtype) does, on the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
 PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
                   ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("strict_fp32", "fp16x3", "fp32"): "Fp32OnF16x3",
                   ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
@@ -103,14 +103,14 @@ FUSED_TABLE = (
     FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
-    # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
-    # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
-    # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
+    # rows. On fp16 operands (TF32, 70.5 KB; strict fp32's hi/lo parts, 89.1 KB), 16-bit (70.5 KB) and the 3xTF32
+    # guard (64-column tiles, 100.4 KB): every sm_80+ GPU. The TF32 guard: 138.8 KB on sm_80, 90, 100; with 99 KB
+    # (sm_86, 89, 120) a producer feeds it (3 slots, the oldest row released early, 88.1 KB).
     FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", "fp32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_f16x3", "mma_sync", "strict_fp32", "fp16x3", "fp32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),
@@ -182,14 +182,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 17;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
 inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
 inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -224,9 +224,10 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
+// elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
@@ -654,6 +655,14 @@ __host__ __device__ __forceinline__ bool precedes(float a, int ia, float b, int 
   if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
   return a < b || (a == b && ia < ib);
 }
+// One step of a scan in ascending channel order (the pixel-row and row-streaming saving epilogues): (best, channel)
+// becomes (v, c) where v strictly precedes best, smaller or a NaN where best is a number (not (best <= v), best no
+// NaN); a later channel of an equal value never does. Selects, no branch.
+__host__ __device__ __forceinline__ void scan_min(float& best, int& channel, float v, int c) {
+  const bool took = !(best <= v) && best == best;
+  best = took ? v : best;
+  channel = took ? c : channel;
+}
 // (v, i) becomes (w, j) where (w, j) precedes it.
 __host__ __device__ __forceinline__ void keep_min(float& v, int& i, float w, int j) {
   if (precedes(w, j, v, i)) {
@@ -728,7 +737,8 @@ struct OneProduct {
 // Strict fp32 by three products: v = big + small; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
 // accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
-// Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
+// Inputs are split by the producer into two slot copies (wgmma, and fp16 parts on mma.sync) or, 3xTF32 on mma.sync,
+// in registers after the fragment load.
 // kSmallExp: the small parts are stored times 2^-kSmallExp (fp16 parts: 2^11, so that they stay normal fp16 values),
 // and their sum is multiplied by 2^kSmallExp (exact) before it joins (3xTF32: 0, TF32 parts as they are).
 template <int kSmallExp>
@@ -788,11 +798,11 @@ struct ThreeProductsScaled {
                                        const uint32_t (&as)[4], const uint32_t (&bw)[2], const uint32_t (&bs)[2],
                                        float4 bias) {
     if constexpr (kFirst) {
-      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});
     } else {
-      mma_sync(small, a, bs[0], bs[1], Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], Operand<Elem>{});
     }
-    mma_sync(small, as, bw[0], bw[1], Operand<float>{});
+    mma_sync(small, as, bw[0], bw[1], Operand<Elem>{});
     OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
   }
   // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.
@@ -867,7 +877,8 @@ struct UnscaledOperands {
 // every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
-// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+// (wgmma: two operand copies per slot) or when the slots narrow x (fp16 parts, either MMA), else in registers after
+// the fragment load (mma.sync's 3xTF32: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
   using Elem = float;     // the weights, the bias, the output
   using XElem = float;    // x
@@ -953,9 +964,9 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
-  // asks at the row's end whether that lists the image, range_lists).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, with the
+  // input words it came from, and asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t, uint32_t) { return range; }
   __device__ static bool range_lists(uint32_t) { return false; }
 };
 
@@ -1003,7 +1014,10 @@ struct Tf32OnF16 {
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  // narrow2's carry takes a NaN whose mantissa has its top 11 bits set (CUDA's own NaN, 0x7FFFFFFF, and its negative)
+  // out to a zero, which range_fold does not see: the producer makes every NaN 0x7FC00000 first, which narrows to a NaN
+  // and lists its image.
+  static constexpr bool kFastNeedsNoNaN = true;
   static constexpr bool kGuardsRange = true;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
@@ -1011,7 +1025,7 @@ struct Tf32OnF16 {
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
   // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees. Not for a NaN (kFastNeedsNoNaN).
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {
@@ -1021,7 +1035,9 @@ struct Tf32OnF16 {
   }
   // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
   // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w, uint32_t, uint32_t) {
+    return range | ((w & 0x7FFF7FFFu) + 0x04010401u);
+  }
   __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // The largest of the |tf32(w)| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -1109,12 +1125,16 @@ struct Fp32OnF16x3 {
     if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));
     return r;
   }
-  // Over a thread's hi words: the largest magnitude of each half (bits; a NaN's is above every other).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
-  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and all below 2^-14.
+  // Over a thread's hi and lo words: the largest magnitude of each half (bits; a NaN's is above every other). A lo is
+  // never larger than its hi, but nonzero where hi rounded a value below 2^-25 to 0 (that value is then counted).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h, uint32_t, uint32_t) {
+    return __vmaxu2(range, h & 0x7FFF7FFFu);
+  }
+  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and none above 2^-14 (a lo
+  // under a subnormal hi reaches 2^-14 at most).
   __device__ static bool range_lists(uint32_t range) {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
-    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
+    return m >= 0x7BFFu || (m != 0 && m <= 0x0400u);
   }
   // The largest of the |w| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -1129,7 +1149,8 @@ struct Fp32OnF16x3 {
   // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
   // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).
   __device__ static bool inexact(float v, float scale) { return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }
-  __device__ static bool inexact_bias(float v, float) { return !isfinite(v); }
+  // The bias starts the accumulators times 2^s: it must come back from that (where s < 0 a tiny bias would lose bits).
+  __device__ static bool inexact_bias(float v, float scale) { return !isfinite(v) || (v * scale) * __frcp_rn(scale) != v; }
   __device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }
 };
 
@@ -1674,14 +1695,23 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const
   }
 }
 
-// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
-// elsewhere, so that the source compiles for every arch.
+// The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
+// kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 #if KB25_HAS_FUSED
   return __reduce_or_sync(0xffffffffu, v);
 #else
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
   return v;
 #endif
 }
@@ -1734,6 +1764,27 @@ struct GradWeightMma : GradGeometry {
     return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
   }
   __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
+  // The operand scale from the largest finite |g| (bits): that |g| times 2^scale in [2^14, 2^15), and 2^-scale a
+  // normal float.
+  __device__ static int operand_scale(uint32_t largest) {
+    return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));
+  }
+  // The call's operand scale, from the scale kernel's per-CTA maxima: every thread of the CTA, `largest` a zeroed
+  // shared word (published by a barrier before).
+  __device__ static int call_scale(const uint32_t* __restrict__ maxima, int scale_blocks, uint32_t* largest) {
+    uint32_t m = 0;
+    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
+    atomicMax(largest, m);
+    __syncthreads();
+    return operand_scale(*largest);
+  }
+  // A pixel's gm * 2^scale as the operands carry it: hi = rounded to TF32 (cvt.rna), in fp16; lo = what hi leaves,
+  // times 2^11, in fp16 (0 where gm is not finite). Each in the low half of its word.
+  __device__ static void split_gm(float scaled, uint32_t& hi, uint32_t& lo) {
+    hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
+    const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
+    lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+  }
   static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
   static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
 };
@@ -1762,13 +1813,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   }
   if (threadIdx.x <= 2 * G::kKsize) scale_max[threadIdx.x] = 0;
   __syncthreads();
-  {
-    uint32_t m = 0;
-    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
-    atomicMax(scale_max, m);
-  }
-  __syncthreads();
-  const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));  // 2^-scale a normal float
+  const int scale = G::call_scale(maxima, scale_blocks, scale_max);
   const float up = G::pow2(scale);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
@@ -1879,9 +1924,8 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
       uint32_t block_bit = 0;
       if (k >= 0) {
         const float scaled = gm * up;
-        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
-        const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
-        const uint32_t lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+        uint32_t hi, lo;
+        G::split_gm(scaled, hi, lo);
         written = G::tile_offset(threadIdx.x / G::kChunk, k >> 4, k & 15, threadIdx.x % G::kChunk);
         *reinterpret_cast<uint16_t*>(tiles + written) = (uint16_t)hi;
         *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = (uint16_t)lo;
@@ -1998,14 +2042,10 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kern
 }
 
 }  // namespace kb25
-// The fused kernel: conv on tensor cores, bias, min over channels, tanh, tanh, in one pass.
+// dW and db for float32 x (TF32) on the fp16 tensor cores, fed by the forward's producer and row ring.
 
-// FusedTraits: one fused kernel's configuration (MMA, precision, tile, roles, ring), its shared-memory
-// layout and budgets, and the instantiations of the table.
 
-// The mma.sync epilogue: the min over 64 channels in registers and shuffles, tanh, tanh, store.
-
-// The mma.sync mainloop (any sm_80+ GPU): one step's MMAs, operands loaded into registers.
+// The producer: input row segments from global memory into a slot's layout.
 
 // The conv as an implicit GEMM over rows of a slot: K order, slot layout, tile sizes.
 
@@ -2044,8 +2084,11 @@ struct ConvGeometry {
   static constexpr int kTileCols = kTileCols_;
   // wgmma: the tensor cores read the slots themselves; mma.sync loads them into registers first.
   static constexpr bool kMmaReadsSlots = kMmaReadsSlots_;
-  // 3xTF32 with the split on the way into shared memory: two operand copies (big, small) per slot.
-  static constexpr int kCopies = kMmaReadsSlots ? Precision::Multiply::kCopies : 1;
+  // Three products with the split on the way into shared memory: two operand copies (big, small) per slot. Where
+  // the MMA reads the slots (wgmma), and where the slots narrow x (fp16 parts); mma.sync's 3xTF32 keeps raw fp32 in
+  // the slot and splits each fragment in registers.
+  static constexpr int kCopies =
+      kMmaReadsSlots || sizeof(MmaElem) < sizeof(XElem) ? Precision::Multiply::kCopies : 1;
   static constexpr bool kSplitInSlot = kCopies == 2;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;
@@ -2066,6 +2109,749 @@ struct ConvGeometry {
 
 }  // namespace kb25
 
+namespace kb25 {
+
+// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems items
+// (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive threads take
+// consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i), so a
+// quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
+// registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
+// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big) and
+// copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one 16-byte
+// column at a time. Those writes land 16 * kVec bytes apart across the lanes, so each lane writes its columns in
+// another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32 starts each lane at another column (a rotation by
+// the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj, with its two groups 4 columns apart modulo 8
+// (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
+// selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
+// chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
+template <class Geometry, int kThreads>
+struct RowProducer {
+  using Elem = typename Geometry::XElem;  // x's element type
+  using Precision = typename Geometry::Precision;
+  using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
+  // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as
+  // many, except where fp32 x goes into fp16 slots, kNarrows: 4 columns x 8 channels an item).
+  static constexpr int kVec = 16 / (int)sizeof(Elem);
+  static constexpr int kChannels = Geometry::kGroupChannels;
+  static constexpr bool kNarrows = sizeof(Elem) > sizeof(typename Geometry::MmaElem);
+  static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
+  static constexpr int kItems = Geometry::kGroups * kChunks;
+  // The last chunk of each group (its columns reach only the tile's last kKsize - 1 pixels, which exist only where
+  // the row goes on past the tile) are the late items: items kBody.., one each for threads 0 .., loaded after the
+  // wait for the slot. The body, every other item, is kMine per thread, in flight in registers across that wait.
+  static constexpr int kBody = Geometry::kGroups * (kChunks - 1);
+  static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
+  static constexpr int kLate = kItems - kBody;
+  static constexpr bool kInterleaved = sizeof(Elem) == 2;
+  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
+  static_assert(kLate <= kThreads, "one late item per thread at most");
+  static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
+  static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
+  static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
+                "16-bit: two groups, 4 columns apart modulo 8");
+  struct Row {
+    uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
+  };
+  const int64_t plane;
+  const int W, tid;
+  const bool vec16;
+  __device__ RowProducer(const Elem* x, int H, int W_, int tid_)
+      : plane((int64_t)H * W_), W(W_), tid(tid_),
+        vec16(W_ % kVec == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
+
+  __device__ static void place(int item, int& grp, int& chunk) {
+    if (item >= kBody) {
+      grp = item - kBody;
+      chunk = kChunks - 1;
+    } else if constexpr (kInterleaved) {
+      grp = item % Geometry::kGroups;
+      chunk = item / Geometry::kGroups;
+    } else {
+      grp = item / (kChunks - 1);
+      chunk = item - grp * (kChunks - 1);
+    }
+  }
+  // Row y of the image from col0, in the first channel of group grp.
+  __device__ const Bits* group_row(const Elem* __restrict__ x_img, int y, int col0, int grp) const {
+    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kChannels * plane;
+  }
+  // Item `item`'s kChannels channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
+  // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
+  // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
+  // are never stored.
+  __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+    int grp, chunk;
+    place(item, grp, chunk);
+    const int col = kVec * chunk;
+    const Bits* src = group_row(x_img, y, col0, grp) + col;
+    if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
+  }
+  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
+  // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
+  // it came from; unchanged otherwise).
+  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
+    int grp, chunk;
+    place(item, grp, chunk);
+    unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
+    if constexpr (kInterleaved) {
+      // Column c of the chunk: word c / 2 of every channel vector, half c % 2. Store jj writes column jj ^ x: the
+      // words swapped in pairs where x & 2, the halves picked by the permute's selector where x & 1.
+      const int x = chunk & 3;
+      const bool swap = x & 2;
+      const uint32_t sel_even = (x & 1) ? 0x7632 : 0x5410, sel_odd = sel_even ^ 0x2222;
+      uint32_t w[kVec][4];
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) {
+        w[c][0] = swap ? raw[c].y : raw[c].x;
+        w[c][1] = swap ? raw[c].x : raw[c].y;
+        w[c][2] = swap ? raw[c].w : raw[c].z;
+        w[c][3] = swap ? raw[c].z : raw[c].w;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kVec; ++jj) {
+        const int q = jj >> 1;
+        const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
+        store_column(dst + (jj ^ x) * 16, make_uint4(__byte_perm(w[0][q], w[1][q], sel),
+                                                     __byte_perm(w[2][q], w[3][q], sel),
+                                                     __byte_perm(w[4][q], w[5][q], sel),
+                                                     __byte_perm(w[6][q], w[7][q], sel)));
+      }
+    } else if constexpr (kNarrows) {
+      // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
+      // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
+      // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
+      const int r = (chunk >> 1) & 3;
+      uint32_t q[4][4];  // [column][channel pair]
+#pragma unroll
+      for (int col = 0; col < 4; ++col) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
+          range = Precision::range_fold(range, q[col][k], word(raw[2 * k], col), word(raw[2 * k + 1], col));
+        }
+      }
+      store_rotated(dst, q, r);
+      if constexpr (Geometry::kSplitInSlot) {
+#pragma unroll
+        for (int col = 0; col < 4; ++col)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+            range = Precision::range_fold(range, q[col][k], 0u, 0u);  // lo: nonzero where hi rounded a value to 0
+          }
+        store_rotated(dst + Geometry::kCopyBytes, q, r);
+      }
+      return range;
+    } else {
+      // One 4-column piece: lane starts at column r = chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
+      // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
+      // compile to selects; a pick by a runtime index compiles to branches).
+      const int r = (chunk >> 1) & 3;
+      uint32_t w[kChannels][4];
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c) {
+        const bool half = r & 2, one = r & 1;
+        const uint32_t h0 = half ? raw[c].z : raw[c].x, h1 = half ? raw[c].w : raw[c].y;
+        const uint32_t h2 = half ? raw[c].x : raw[c].z, h3 = half ? raw[c].y : raw[c].w;
+        w[c][0] = one ? h1 : h0;
+        w[c][1] = one ? h2 : h1;
+        w[c][2] = one ? h3 : h2;
+        w[c][3] = one ? h0 : h3;
+      }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
+    }
+    return range;
+  }
+  __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+  // A narrowed 4-column piece q[column][channel pair], column c stored at ((c - r) & 3): the words rotated by r (two
+  // conditional swaps, which compile to selects).
+  __device__ static void store_rotated(unsigned char* dst, const uint32_t (&q)[4][4], int r) {
+    const bool half = r & 2, one = r & 1;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      uint32_t v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
+        v[k] = one ? h1 : h0;
+      }
+      *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+  // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
+  // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
+  // turn, zero past the row's end; slow, and next to no registers.
+  __device__ void load(Row& row, const Elem* __restrict__ x_img, int y, int col0) const {
+#pragma unroll
+    for (int k = 0; k < kMine; ++k)
+      if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
+  }
+  // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
+  // leaves some threads without one).
+  __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
+  // The body, then this thread's late item if the row reaches it. Where the tag's fast conversion needs NaN-free
+  // words, an item with a NaN in it has its NaNs made quiet first (each item on its own: a store waits only for its
+  // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
+  // (Precision::kGuardsRange; false otherwise).
+  __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+    return out_of_range(store_folded(row, slot, x_img, y, col0));
+  }
+  // The same stores; returns the tag's fold of what this thread stored (Precision::range_fold) itself.
+  __device__ uint32_t store_folded(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y,
+                                   int col0) const {
+    uint32_t range = 0;
+#pragma unroll
+    for (int k = 0; k < kMine; ++k)
+      if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
+    if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
+      uint4 raw[kChannels];
+      load_item(raw, kBody + tid, x_img, y, col0);
+      range = store_item(quieted(raw), kBody + tid, slot, range);
+    }
+    return range;
+  }
+  // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
+  // earlier row left there.
+  __device__ bool late_unstored(int col0) const { return !(col0 + (kChunks - 1) * kVec < W); }
+  __device__ static bool out_of_range(uint32_t range) {
+    if constexpr (kNarrows) return Precision::range_lists(range);
+    return false;
+  }
+  // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
+  // elements): a NaN that the fast TF32 rounding keeps a NaN (the canonical one, every payload bit set, would carry
+  // out). One compare for two words; the rare item with a NaN takes a select a word.
+  __device__ static const uint4 (&quieted(uint4 (&raw)[kChannels]))[kChannels] {
+    if constexpr (sizeof(Elem) == 4) {
+      if constexpr (Geometry::Precision::kFastNeedsNoNaN) {
+        bool nan = false;
+#pragma unroll
+        for (int c = 0; c < kChannels; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
+        if (nan) {
+#pragma unroll
+          for (int c = 0; c < kChannels; ++c) {
+            raw[c].x = quiet_nan(raw[c].x), raw[c].y = quiet_nan(raw[c].y);
+            raw[c].z = quiet_nan(raw[c].z), raw[c].w = quiet_nan(raw[c].w);
+          }
+        }
+      }
+    }
+    return raw;
+  }
+  __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
+  // Returns whether an input it stored is out of the slots' range, as store() does.
+  __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+    return out_of_range(copy_folded_by_element(x_img, y, col0, slot));
+  }
+  // The same copy; returns the tag's fold of what this thread stored, as store_folded() does.
+  __device__ uint32_t copy_folded_by_element(const Elem* __restrict__ x_img, int y, int col0,
+                                             unsigned char* slot) const {
+    uint32_t range = 0;
+#pragma unroll 1
+    for (int item = tid; item < kItems; item += kThreads) {
+      int grp, chunk;
+      place(item, grp, chunk);
+      const Bits* src = group_row(x_img, y, col0, grp);
+      unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
+#pragma unroll 1
+      for (int c = 0; c < kChannels; ++c, src += plane) {
+#pragma unroll
+        for (int i0 = 0; i0 < kVec; ++i0) {
+          const int i = kVec * chunk + i0;
+          const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
+          if constexpr (kNarrows) {
+            const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;
+            const uint32_t h = Precision::narrow2(v, 0) & 0xFFFFu;
+            range = Precision::range_fold(range, h, v, 0u);
+            *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
+            if constexpr (Geometry::kSplitInSlot) {
+              const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;
+              range = Precision::range_fold(range, lo, 0u, 0u);
+              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)lo;
+            }
+          } else if constexpr (sizeof(Elem) == 4) {
+            const uint32_t w[1] = {e};
+            put<true>(dst + i * 16 + c * 4, w);
+          } else {
+            *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
+          }
+        }
+      }
+    }
+    return range;
+  }
+  // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
+  // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
+  // non-allocating L1 path).
+  __device__ static uint4 load_streaming(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  }
+  __device__ static uint32_t load_element(const uint32_t* p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+  }
+  __device__ static uint16_t load_element(const uint16_t* p) {
+    uint16_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+    return v;
+  }
+  // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding, by
+  // to_tensor_core where kExact, else by the fast conversion of NaN-free words; raw where 3xTF32 splits in
+  // registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and small into copy 1. 16-bit
+  // elements go as they are.
+  template <bool kExact, int kN>
+  __device__ static void put(unsigned char* dst, const uint32_t (&v)[kN]) {
+    using Precision = typename Geometry::Precision;
+    uint32_t out[kN];
+    if constexpr (Geometry::kSplitInSlot) {
+      uint32_t small[kN];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) {
+        float b, sm;
+        Precision::split(__uint_as_float(v[i]), b, sm);
+        out[i] = __float_as_uint(b);
+        small[i] = __float_as_uint(sm);
+      }
+      store_words(dst, out);
+      store_words(dst + Geometry::kCopyBytes, small);
+      return;
+    } else if constexpr (kExact) {
+#pragma unroll
+      for (int i = 0; i < kN; ++i) out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
+    } else if constexpr (Geometry::kMmaReadsSlots) {
+      Precision::to_slot(v, out);
+    } else {
+      Precision::to_registers(v, out);
+    }
+    store_words(dst, out);
+  }
+  template <int kN>
+  __device__ static void store_words(unsigned char* dst, const uint32_t (&v)[kN]) {
+    if constexpr (kN == 4) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+      *reinterpret_cast<uint32_t*>(dst) = v[0];
+    }
+  }
+  __device__ static void store_column(unsigned char* dst, uint4 v) {
+    if constexpr (sizeof(Elem) == 4) {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      put<false>(dst, w);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = v;
+    }
+  }
+};
+
+}  // namespace kb25
+// The row ring: a consumer's input rows in shared-memory slots, handed over by full/empty mbarriers.
+
+
+
+namespace kb25 {
+
+// A consumer's input rows pass through kSlots shared-memory slots, each with a full and an empty mbarrier. Row d (the
+// d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
+// take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
+// slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
+// for it, reads it and releases it.
+template <int kSlots, int kSlotBytes>
+struct RowRing {
+  unsigned char* const slots;
+  uint64_t* const bars;  // (full, empty) per slot
+  __device__ static uint32_t index(uint32_t d) { return d % kSlots; }
+  __device__ static uint32_t phase(uint32_t d) { return (d / kSlots) & 1; }
+  __device__ static void init(uint64_t* bars, int producers, int consumers) {
+    for (int i = 0; i < kSlots; ++i) {
+      mbarrier_init(bars + 2 * i, producers);
+      mbarrier_init(bars + 2 * i + 1, consumers);
+    }
+  }
+  __device__ unsigned char* slot(uint32_t d) const { return slots + index(d) * kSlotBytes; }
+  __device__ uint64_t* full(uint32_t d) const { return bars + 2 * index(d); }
+  __device__ uint64_t* empty(uint32_t d) const { return full(d) + 1; }
+  // On a fresh barrier the phase before phase 0 counts as completed: the first pass over the ring does not wait.
+  __device__ void acquire(uint32_t d) const { mbarrier_wait(empty(d), phase(d) ^ 1); }
+  __device__ void commit(uint32_t d) const {
+    fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
+    mbarrier_arrive(full(d));
+  }
+  __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }
+  __device__ void release(uint32_t d) const { mbarrier_arrive(empty(d)); }
+  // Release where `when` holds, by a predicated arrive rather than a branch around it.
+  __device__ void release_if(bool when, uint32_t d) const { mbarrier_arrive_if(empty(d), when); }
+};
+
+}  // namespace kb25
+
+namespace kb25 {
+
+// The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
+// exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
+// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
+// (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
+// fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
+// their TF32 value (truncated), under 2^-14 of its largest.
+struct Tf32OnF16Walked : Tf32OnF16 {
+  static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
+  static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t lo, uint32_t hi) {
+    return max(range, max(lo & 0x7FFFFFFFu, hi & 0x7FFFFFFFu));
+  }
+  // A largest |x| (of a thread's share, or of a row) that walks.
+  __device__ static bool range_lists(uint32_t largest) {
+    return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
+  }
+};
+
+// dW^T for one input row offset i: D[c][k] = sum over pixels p of x[c, p + (i, j)] * G[p][k], G the one-hot (pixels x
+// k) matrix that holds gm at (p, k(p)). mma.sync m16n8k16: A = x^T (16 channels x 16 pixels of one tap, by
+// ldmatrix.trans from the slot, whose layout is the forward's), B = G's 16 pixels x one block of 8 k, built in
+// registers from the step's pixel record; only the blocks a chunk of 16 pixels holds are multiplied. One-hot in N
+// uses an eighth of each MMA (in M, as the smem-tile kernel has it, a sixteenth), and B is built once for all three
+// taps of a warp.
+//
+// A CTA is kProducerWarps warps that run the forward's RowProducer over the CTA's steps (each step one output row
+// segment of 256 columns, consecutive steps down a column strip, so each input row is loaded once a strip), and
+// kConsumerWarps warps that sum: warp i < 3 owns input row offset i (all 16 channels, the three j, all 64 k: 8 blocks x 3
+// taps of m16n8 accumulators), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers
+// a slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
+// pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k, what
+// hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does), and each
+// chunk's mask of the 8-k blocks it holds (a walked step reads gm's parts from global memory). gm's scale is
+// GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
+// db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
+// masked to its k: one accumulator, sum of (hi + lo * 2^-11) a k, two MMAs a chunk and block.
+struct GradWeightFed : GradGeometry {
+  using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
+  static constexpr int kCols = Geometry::kTileCols;
+  static constexpr int kProducerWarps = 2, kProducerThreads = 32 * kProducerWarps;
+  static constexpr int kRowWarps = kKsize;                   // warp i sums input row offset i
+  static constexpr int kConsumerWarps = kRowWarps + 1;       // and one the bias
+  static constexpr int kConsumerThreads = 32 * kConsumerWarps;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  static constexpr int kMinBlocks = 2;
+  using Producer = RowProducer<Geometry, kProducerThreads>;
+  static constexpr int kChunk = 16, kChunks = kCols / kChunk;
+  static constexpr int kKBlocks = kCout / 8;
+  static constexpr int kPixelsPerThread = kCols / kProducerThreads;
+  static constexpr int kPartial = GradWeight::kPartial;
+  // A slot: the input row in the forward's layout, then the pixel record of the step whose newest row it is, then
+  // the row's walk word.
+  static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
+  static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
+  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
+  // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
+  static constexpr int kWalkOffset = kMaskOffset + kChunks;
+  static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
+  static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
+  static constexpr int kSlots = 4;  // the 3-row window and the row being stored
+  using Ring = RowRing<kSlots, kSlotBytes>;
+  static constexpr int kRingBytes = kSlots * kSlotBytes;
+  static constexpr int kSumBytes = kCout * kPartial * 4;
+  static constexpr int kPoisonBytes = kPartial * 8;
+  static constexpr int kBarrierOffset = kRingBytes + kSumBytes + kPoisonBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + kSlots * 16 + 16;  // the ring's mbarriers, the scale's word
+  static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
+  static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
+  static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
+  static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp a round");
+  static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
+  static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
+  static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
+  static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBlocks)
+    conv3x3_min_tanh2_grad_weight_fed_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                                             const float* __restrict__ pre_min,
+                                             const unsigned char* __restrict__ argmin, float* __restrict__ partial,
+                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
+                                             int64_t total_steps) {
+  static_assert(std::is_same_v<Elem, float>, "float32 x: the TF32 carrier's producer");
+  if constexpr (kHasFused) {
+    using G = GradWeightFed;
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: walked steps, then all
+    uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
+    uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
+    const typename G::Ring ring{smem, bars};
+    const auto walk_words = [](const unsigned char* slot) {
+      return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
+    };
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    const auto row_walks = [&](const unsigned char* slot) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < G::kProducerWarps; ++w) bits |= walk_words(slot)[w];
+      return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));
+    };
+    // The ring zeroed (the walk words among it): the slots' columns past the input rows are read, times B's zeros,
+    // by the taps of pixels past the row; they must hold no infinity or NaN.
+    for (int i = threadIdx.x; i < G::kRingBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
+    for (int i = threadIdx.x; i < G::kPartial; i += blockDim.x) poison[i] = 0;
+    if (threadIdx.x == 0) {
+      G::Ring::init(bars, G::kProducerThreads, G::kConsumerThreads);
+      *scale_max = 0;
+    }
+    __syncthreads();
+    const int scale = GradWeightMma::call_scale(maxima, scale_blocks, scale_max);
+    const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+    const int col_blocks = (OW + G::kCols - 1) / G::kCols;
+    int64_t begin, end;
+    step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+    const int lane = threadIdx.x & 31;
+
+    if (threadIdx.x < G::kProducerThreads) {
+      // The producer: each row of the CTA's steps (RowCursor) into its slot by the forward's RowProducer; with a
+      // step's newest row, the step's pixel record.
+      const int ptid = threadIdx.x, warp = ptid >> 5;
+      const float up = GradWeightMma::pow2(scale);
+      const typename G::Producer producer(x, H, W, ptid);
+      typename G::Producer::Row row;
+      RowCursor ahead(begin, end, OH, col_blocks);
+      for (uint32_t row_no = 0; ahead.valid(); ++row_no) {
+        const StepWalker at = ahead.at;
+        const bool record = ahead.r + 1 == ahead.count();  // the step's newest row
+        const float* const x_img = x + at.n * G::kCin * ((int64_t)H * W);
+        const int y = ahead.y(), col0 = at.cb * G::kCols;
+        ahead.next();
+        if (producer.vec16) producer.load(row, x_img, y, col0);
+        // This thread's pixels of the step (ptid + kProducerThreads u), in flight across the slot wait.
+        float gv[G::kPixelsPerThread], mv[G::kPixelsPerThread];
+        int kv[G::kPixelsPerThread];
+        if (record) {
+          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW;
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            const int ox = col0 + ptid + G::kProducerThreads * u;
+            kv[u] = -1;
+            gv[u] = mv[u] = 0.f;
+            if (ox < OW) {
+              gv[u] = g[out_row + ox];
+              mv[u] = pre_min[out_row + ox];
+              kv[u] = argmin[out_row + ox];
+            }
+          }
+        }
+        ring.acquire(row_no);
+        unsigned char* const slot = ring.slot(row_no);
+        if (producer.vec16) {
+          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
+          // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
+#pragma unroll
+          for (int k = 0; k < G::Producer::kMine; ++k) {
+            int grp, chunk;
+            G::Producer::place(ptid + k * G::kProducerThreads, grp, chunk);
+            if (col0 + G::Producer::kVec * chunk >= W) {
+#pragma unroll
+              for (int c = 0; c < G::Producer::kChannels; ++c) row.raw[k][c] = make_uint4(0, 0, 0, 0);
+            }
+          }
+        }
+        const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
+                                                         : producer.copy_folded_by_element(x_img, y, col0, slot));
+        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+          // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
+          // zeroed rather than left to an earlier row's infinities.
+          unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +
+                                      (G::Producer::kChunks - 1) * G::Producer::kVec * 16;
+#pragma unroll
+          for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (lane == 0) {
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+                                   (largest != 0 ? G::kNonzeroBit : 0u);
+        }
+        if (record) {
+          uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
+          uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
+          unsigned char* const masks = slot + G::kMaskOffset;
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            const int p = ptid + G::kProducerThreads * u;
+            const int k = kv[u];
+            const float gm = k >= 0 ? min_grad(gv[u], mv[u]) : 0.f;
+            const float scaled = gm * up;
+            uint32_t hi, small;
+            GradWeightMma::split_gm(scaled, hi, small);
+            hk[p] = k >= 0 ? hi | (uint32_t)k << 16 : 0xFFFF0000u;
+            lo[p] = (uint16_t)(k >= 0 ? small : 0u);
+            // lanes 0-15 hold chunk p / 16 of lane 0, lanes 16-31 the next
+            const uint32_t bit = k >= 0 ? 1u << (k >> 3) : 0u;
+            const uint32_t first = warp_or(lane < 16 ? bit : 0u), second = warp_or(lane < 16 ? 0u : bit);
+            if (lane == 0) {
+              const int chunk = (G::kProducerThreads * u + 32 * warp) / G::kChunk;
+              masks[chunk] = (unsigned char)first;
+              masks[chunk + 1] = (unsigned char)second;
+            }
+          }
+        }
+        ring.commit(row_no);
+      }
+    } else {
+      // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).
+      const int cw = (threadIdx.x - G::kProducerThreads) >> 5;  // 0..2: input row offset; 3: the bias
+      const int gq = lane >> 2, tq = lane & 3;
+      float acc[G::kKBlocks][G::kKsize][4];  // row warps: [8-k block][j][m16n8]; the bias warp: [block][0]
+#pragma unroll
+      for (int kb = 0; kb < G::kKBlocks; ++kb)
+#pragma unroll
+        for (int j = 0; j < G::kKsize; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[kb][j][r] = 0.f;
+      // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
+      // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
+      const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
+      uint64_t poisoned[2] = {0, 0};
+      const auto entry_of = [&](int q) {
+        const int idx = lane + 32 * q;
+        return cw < G::kRowWarps ? (idx / G::kKsize) * G::kTaps + cw * G::kKsize + idx % G::kKsize : (int)G::kEntries;
+      };
+      // ldmatrix rows of this lane for A: matrix m = lane / 8 (0: channels 0-7, pixels 0-7; 1: channels 8-15,
+      // pixels 0-7; 2, 3: pixels 8-15), its row lane % 8 a pixel (a column of the slot), 16 bytes of one group.
+      const int a_pixel = (lane & 7) + 8 * (lane >> 4), a_group = (lane >> 3) & 1;
+      StepWalker at(begin, OH, col_blocks);
+      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      for (int64_t step = begin; step < end; ++step, at.advance()) {
+        const int fresh = RowCursor::new_rows(step == begin || at.oy == 0);
+        for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
+        const unsigned char* const newest = ring.slot(rows - 1);
+        const uint32_t* const hk = reinterpret_cast<const uint32_t*>(newest + G::kHkOffset);
+        const int col0 = at.cb * G::kCols, count = min(G::kCols, OW - col0);
+        bool walk = false;
+#pragma unroll
+        for (int i = 1; i <= G::kKsize; ++i) walk |= row_walks(ring.slot(rows - i));
+        if (walk) {
+          // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
+          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            if (q >= walk_entries) break;
+            const int e = entry_of(q);
+            const bool is_bias = e == G::kEntries;
+            const int c = e / G::kTaps, j = e % G::kKsize;
+            const float* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
+#pragma unroll 1
+            for (int t = 0; t < count; ++t) {
+              const int kk = (int)(hk[t] >> 16);
+              const float xv = is_bias ? 1.f : xr[t];
+              const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
+              sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
+              if (!isfinite(xv)) poisoned[q] |= ~(1ull << kk);
+            }
+          }
+        } else if (cw < G::kRowWarps) {
+          const unsigned char* const masks = newest + G::kMaskOffset;
+          const uint32_t a_base = smem_u32(ring.slot(rows - 3 + cw)) + a_group * G::Geometry::kGroupBytes + a_pixel * 16;
+#pragma unroll 2
+          for (int c = 0; c * G::kChunk < count; ++c) {
+            const uint32_t mask = masks[c];
+            uint32_t xa[G::kKsize][4];
+#pragma unroll
+            for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
+            // pixels 2t, 2t + 1 and 2t + 8, 2t + 9 of the chunk: B's k rows of this lane
+            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+#pragma unroll
+            for (int kb = 0; kb < G::kKBlocks; ++kb) {
+              if (!((mask >> kb) & 1u)) continue;
+              const uint32_t target = 8 * kb + gq;  // B's column gq: k = 8 kb + gq
+              const uint32_t b0 = __byte_perm(k0 == target ? w01.x : 0u, k1 == target ? w01.y : 0u, 0x5410);
+              const uint32_t b1 = __byte_perm(k8 == target ? w89.x : 0u, k9 == target ? w89.y : 0u, 0x5410);
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});
+            }
+          }
+        } else {
+          // db: k columns 0-7 of A ones and 8-15 2^-11; B's k rows 2t, 2t + 1 the hi of pixels 2t, 2t + 1 (first MMA;
+          // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but at its pixel's k.
+          const unsigned char* const masks = newest + G::kMaskOffset;
+          const uint16_t* const lo = reinterpret_cast<const uint16_t*>(newest + G::kLoOffset);
+          const uint32_t a[4] = {G::kOnes, G::kOnes, G::kSmall, G::kSmall};
+#pragma unroll 2
+          for (int c = 0; c * G::kChunk < count; ++c) {
+            const uint32_t mask = masks[c];
+            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+            const uint32_t l01 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq);
+            const uint32_t l89 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq + 8);
+            const uint32_t h01 = __byte_perm(w01.x, w01.y, 0x5410), h89 = __byte_perm(w89.x, w89.y, 0x5410);
+            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+#pragma unroll
+            for (int kb = 0; kb < G::kKBlocks; ++kb) {
+              if (!((mask >> kb) & 1u)) continue;
+              const uint32_t target = 8 * kb + gq;
+              const uint32_t m01 = (k0 == target ? 0x0000FFFFu : 0u) | (k1 == target ? 0xFFFF0000u : 0u);
+              const uint32_t m89 = (k8 == target ? 0x0000FFFFu : 0u) | (k9 == target ? 0xFFFF0000u : 0u);
+              mma_sync(acc[kb][0], a, h01 & m01, l01 & m01, Operand<__half>{});
+              mma_sync(acc[kb][0], a, h89 & m89, l89 & m89, Operand<__half>{});
+            }
+          }
+        }
+        ring.release(rows - 3);
+        if (step + 1 == end || at.oy + 1 == OH) {  // the next step starts a new window
+          ring.release(rows - 2);
+          ring.release(rows - 1);
+        }
+      }
+      // Into the CTA's partial, unscaled, on top of the walked steps' sums (another lane of this warp walked each
+      // entry: the warp's lanes meet first). Row warps: acc[kb][j] row c = gq (+ 8), column k = 8 kb + 2 tq (+ 1),
+      // entry (c, cw, j); the bias warp: row 0 (lanes 0-3) of each block.
+      __syncwarp();
+      const float down = GradWeightMma::pow2(-scale);
+#pragma unroll
+      for (int kb = 0; kb < G::kKBlocks; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int k = 8 * kb + 2 * tq + (r & 1);
+          if (cw < G::kRowWarps) {
+            const int c = gq + 8 * (r >> 1);
+#pragma unroll
+            for (int j = 0; j < G::kKsize; ++j) {
+              sums[k * G::kPartial + c * G::kTaps + cw * G::kKsize + j] += acc[kb][j][r] * down;
+            }
+          } else if (gq == 0 && r < 2) {
+            sums[k * G::kPartial + G::kEntries] += acc[kb][0][r] * down;
+          }
+        }
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (q < walk_entries) poison[entry_of(q)] = poisoned[q];
+    }
+    __syncthreads();
+    write_partial(sums, threadIdx.x < G::kPartial ? poison[threadIdx.x] : 0, threadIdx.x, partial);
+  } else {
+    __trap();  // compiled for an arch without mma.sync on fp16 or mbarriers: the launcher never picks it there
+  }
+}
+
+}  // namespace kb25
+// The fused kernel: conv on tensor cores, bias, min over channels, tanh, tanh, in one pass.
+
+// FusedTraits: one fused kernel's configuration (MMA, precision, tile, roles, ring), its shared-memory
+// layout and budgets, and the instantiations of the table.
+
+// The mma.sync epilogue: the min over 64 channels in registers and shuffles, tanh, tanh, store.
+
+// The mma.sync mainloop (any sm_80+ GPU): one step's MMAs, operands loaded into registers.
+
+
+
 
 namespace kb25 {
 
@@ -2073,10 +2859,11 @@ namespace kb25 {
 // each take kWarpCols pixels (kMTiles m16 tiles) x all kCout channels (kCout / 8 n8 tiles), so the min over channels
 // stays in registers. A (pixels x k) comes from the slot by ldmatrix: one x4 per m16 tile and k-step, its 8-row
 // matrices being 8 consecutive 16-byte columns of one channel group (128 contiguous bytes: no bank conflict). B (the
-// weights) is staged once per CTA in the order the MMA reads it. 3xTF32: the weights are staged split (a big and a
-// small copy); the slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers; the
-// two small products go to an accumulator of their own. MMAs read their operands from registers, so the window's
-// oldest row is free as soon as the first kernel row's k-steps have loaded it.
+// weights) is staged once per CTA in the order the MMA reads it. Three products (3xTF32, fp16 parts): the weights
+// are staged split (a big and a small copy) and the two small products go to an accumulator of their own; 3xTF32's
+// slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers, while fp16 parts come
+// split from the slot's two copies (kSplitInSlot), each fragment by its own ldmatrix. MMAs read their operands from
+// registers, so the window's oldest row is free as soon as the first kernel row's k-steps have loaded it.
 template <class Geometry_>
 struct MmaSyncMainloop {
   using Geometry = Geometry_;
@@ -2085,7 +2872,7 @@ struct MmaSyncMainloop {
   using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
-  static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
+  static_assert(!Geometry::kSplitInSlot || sizeof(MmaElem) == 2, "mma.sync splits 3xTF32 input operands in registers");
   static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
@@ -2141,7 +2928,7 @@ struct MmaSyncMainloop {
                      Geometry::kMmaK / 2 * (e & 1) + h;
       const Elem v = Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
       inexact |= Precision::inexact(v, scale);
-      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
+      Multiply::template store_weight<Precision>(wdst, i, kWeightWords * kPerWord, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
     for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
@@ -2174,15 +2961,7 @@ struct MmaSyncMainloop {
     Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
-    // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
-    // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
-    // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
-    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, "3xTF32"); sm_100 was not measured.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    constexpr bool kOneKStepATrip = kWeightCopies == 2 && kMTiles > 1;
-#else
-    constexpr bool kOneKStepATrip = false;
-#endif
+    // The first k-step with C = the bias (tap 0 on its own).
     {
       const uint32_t row0 = smem_u32(rows[0]) + lane_offset;
       k_step<true>(acc, small, row0, 0, lane);
@@ -2190,13 +2969,13 @@ struct MmaSyncMainloop {
       for (int kb = 1; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row0 + 2 * kb * Geometry::kGroupBytes, kb, lane);
     }
-    // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
-    // hoists loads until it spills); the others unroll every k-step.
+    // Three products run one tap per trip (they already give ptxas enough to interleave; unrolled whole it hoists
+    // loads until it spills); the others unroll every k-step.
 #pragma unroll(kWeightCopies == 2 ? 1 : Geometry::kTaps - 1)
     for (int tap = 1; tap < Geometry::kTaps; ++tap) {
       const int kh = tap / 3, kw = tap % 3;
       const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
-#pragma unroll(kOneKStepATrip ? 1 : Geometry::kKStepsPerTap)
+#pragma unroll
       for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row + 2 * kb * Geometry::kGroupBytes, tap * Geometry::kKStepsPerTap + kb, lane);
       // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
@@ -2218,7 +2997,11 @@ struct MmaSyncMainloop {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
-        if constexpr (kWeightCopies == 2) Multiply::split_fragment(a[mt], as[mt]);
+        if constexpr (Geometry::kSplitInSlot) {
+          ldmatrix_x4(as[mt], a_addr + mt * 16 * 16 + Geometry::kCopyBytes);
+        } else if constexpr (kWeightCopies == 2) {
+          Multiply::split_fragment(a[mt], as[mt]);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
@@ -2821,13 +3604,8 @@ struct WgmmaEpilogue {
         float best = acc[8 * s][2 * h];
         int channel = 2 * t;
 #pragma unroll
-        for (int k = 1; k < 16; ++k) {  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          const float v = acc[8 * s + k / 2][2 * h + k % 2];
-          // v strictly precedes best: smaller, or a NaN where best is a number (not (best <= v), best no NaN)
-          const bool took = !(best <= v) && best == best;
-          best = took ? v : best;
-          channel = took ? 8 * (k / 2) + 2 * t + k % 2 : channel;
-        }
+        for (int k = 1; k < 16; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
+          scan_min(best, channel, acc[8 * s + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
         m[2 * s + h] = best;
         c[2 * s + h] = channel;
       }
@@ -3016,371 +3794,8 @@ struct WgmmaEpilogue {
 };
 
 }  // namespace kb25
-// The producer: input row segments from global memory into a slot's layout.
 
 
-
-namespace kb25 {
-
-// One producer for every precision. An input row segment (kCin channel rows, kInCols columns from col0) is kItems items
-// (group, chunk): kGroupChannels channels x kVec columns, one 16-byte load per channel. fp32: consecutive threads take
-// consecutive chunks of one group; 16-bit: the two groups alternate (threads 2i, 2i + 1 take chunk i), so a
-// quarter-warp is 2 groups x 4 chunks. Either way every load is coalesced. load() brings a thread's items into
-// registers; store() turns them into the slot layout: it transposes the kGroupChannels channel vectors in registers
-// (fp32 per 4-column piece, with the precision's conversion: TF32 rounding; for 3xTF32 the split into copy 0 (big) and
-// copy 1 (small) where the MMA reads shared memory, raw fp32 where it splits in registers) and writes one 16-byte
-// column at a time. Those writes land 16 * kVec bytes apart across the lanes, so each lane writes its columns in
-// another order and 8 lanes hit 8 distinct 16-byte bank groups: fp32 starts each lane at another column (a rotation by
-// the chunk); 16-bit writes column jj ^ (chunk & 3) at store jj, with its two groups 4 columns apart modulo 8
-// (kPitchCols), the column's half of a word picked by the byte permute's selector and only the word pairs swapped by
-// selects. A thread stores only what it loaded: no barrier between the two, and shared memory sees each row once. Where
-// chunks are not 16-byte aligned (W % kVec != 0, or x itself) the items are loaded element by element.
-template <class Geometry, int kThreads>
-struct RowProducer {
-  using Elem = typename Geometry::XElem;  // x's element type
-  using Precision = typename Geometry::Precision;
-  using Bits = std::conditional_t<sizeof(Elem) == 4, uint32_t, uint16_t>;
-  // Elements per 16 bytes of x: the columns of one item's channel. kChannels: the channels of one slot column (as
-  // many, except where fp32 x goes into fp16 slots, kNarrows: 4 columns x 8 channels an item).
-  static constexpr int kVec = 16 / (int)sizeof(Elem);
-  static constexpr int kChannels = Geometry::kGroupChannels;
-  static constexpr bool kNarrows = sizeof(Elem) > sizeof(typename Geometry::MmaElem);
-  static constexpr int kChunks = (Geometry::kInCols + kVec - 1) / kVec;
-  static constexpr int kItems = Geometry::kGroups * kChunks;
-  // The last chunk of each group (its columns reach only the tile's last kKsize - 1 pixels, which exist only where
-  // the row goes on past the tile) are the late items: items kBody.., one each for threads 0 .., loaded after the
-  // wait for the slot. The body, every other item, is kMine per thread, in flight in registers across that wait.
-  static constexpr int kBody = Geometry::kGroups * (kChunks - 1);
-  static constexpr int kMine = (kBody + kThreads - 1) / kThreads;
-  static constexpr int kLate = kItems - kBody;
-  static constexpr bool kInterleaved = sizeof(Elem) == 2;
-  static constexpr int kRegisters = kMine * kChannels * 4;  // one row in flight
-  static_assert(kLate <= kThreads, "one late item per thread at most");
-  static_assert((kChunks - 1) * kVec >= Geometry::kTileCols, "the body covers every stored pixel's own column");
-  static_assert(kChunks * kVec <= Geometry::kPitchCols, "a stored chunk stays inside the slot");
-  static_assert(!kInterleaved || (Geometry::kGroups == 2 && Geometry::kPitchCols % 8 == 4),
-                "16-bit: two groups, 4 columns apart modulo 8");
-  struct Row {
-    uint4 raw[kMine][kChannels];  // [item][channel]: kVec columns
-  };
-  const int64_t plane;
-  const int W, tid;
-  const bool vec16;
-  __device__ RowProducer(const Elem* x, int H, int W_, int tid_)
-      : plane((int64_t)H * W_), W(W_), tid(tid_),
-        vec16(W_ % kVec == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {}
-
-  __device__ static void place(int item, int& grp, int& chunk) {
-    if (item >= kBody) {
-      grp = item - kBody;
-      chunk = kChunks - 1;
-    } else if constexpr (kInterleaved) {
-      grp = item % Geometry::kGroups;
-      chunk = item / Geometry::kGroups;
-    } else {
-      grp = item / (kChunks - 1);
-      chunk = item - grp * (kChunks - 1);
-    }
-  }
-  // Row y of the image from col0, in the first channel of group grp.
-  __device__ const Bits* group_row(const Elem* __restrict__ x_img, int y, int col0, int grp) const {
-    return reinterpret_cast<const Bits*>(x_img) + (int64_t)y * W + col0 + grp * kChannels * plane;
-  }
-  // Item `item`'s kChannels channel vectors, loaded in program order (volatile). Only where the chunks are 16-byte
-  // aligned (vec16): then W % kVec == 0 and a chunk is wholly inside or wholly outside the row. Outside, the loads
-  // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
-  // are never stored.
-  __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
-    int grp, chunk;
-    place(item, grp, chunk);
-    const int col = kVec * chunk;
-    const Bits* src = group_row(x_img, y, col0, grp) + col;
-    if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
-#pragma unroll
-    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
-  }
-  // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
-  // with, where x narrows, what it stored folded in (Precision::range_fold; unchanged otherwise).
-  __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
-    int grp, chunk;
-    place(item, grp, chunk);
-    unsigned char* dst = slot + grp * Geometry::kGroupBytes + chunk * kVec * 16;
-    if constexpr (kInterleaved) {
-      // Column c of the chunk: word c / 2 of every channel vector, half c % 2. Store jj writes column jj ^ x: the
-      // words swapped in pairs where x & 2, the halves picked by the permute's selector where x & 1.
-      const int x = chunk & 3;
-      const bool swap = x & 2;
-      const uint32_t sel_even = (x & 1) ? 0x7632 : 0x5410, sel_odd = sel_even ^ 0x2222;
-      uint32_t w[kVec][4];
-#pragma unroll
-      for (int c = 0; c < kVec; ++c) {
-        w[c][0] = swap ? raw[c].y : raw[c].x;
-        w[c][1] = swap ? raw[c].x : raw[c].y;
-        w[c][2] = swap ? raw[c].w : raw[c].z;
-        w[c][3] = swap ? raw[c].z : raw[c].w;
-      }
-#pragma unroll
-      for (int jj = 0; jj < kVec; ++jj) {
-        const int q = jj >> 1;
-        const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
-        store_column(dst + (jj ^ x) * 16, make_uint4(__byte_perm(w[0][q], w[1][q], sel),
-                                                     __byte_perm(w[2][q], w[3][q], sel),
-                                                     __byte_perm(w[4][q], w[5][q], sel),
-                                                     __byte_perm(w[6][q], w[7][q], sel)));
-      }
-    } else if constexpr (kNarrows) {
-      // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
-      // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
-      // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
-      const int r = (chunk >> 1) & 3;
-      uint32_t q[4][4];  // [column][channel pair]
-#pragma unroll
-      for (int col = 0; col < 4; ++col) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
-          range = Precision::range_fold(range, q[col][k]);
-        }
-      }
-      store_rotated(dst, q, r);
-      if constexpr (Geometry::kSplitInSlot) {
-#pragma unroll
-        for (int col = 0; col < 4; ++col)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
-        store_rotated(dst + Geometry::kCopyBytes, q, r);
-      }
-      return range;
-    } else {
-      // One 4-column piece: lane starts at column r = chunk / 2 (mod 4), so 8 lanes (8 chunks) hit 8 bank groups.
-      // Store jj writes column (jj + r) & 3: each channel vector's words rotated by r (two conditional swaps, which
-      // compile to selects; a pick by a runtime index compiles to branches).
-      const int r = (chunk >> 1) & 3;
-      uint32_t w[kChannels][4];
-#pragma unroll
-      for (int c = 0; c < kChannels; ++c) {
-        const bool half = r & 2, one = r & 1;
-        const uint32_t h0 = half ? raw[c].z : raw[c].x, h1 = half ? raw[c].w : raw[c].y;
-        const uint32_t h2 = half ? raw[c].x : raw[c].z, h3 = half ? raw[c].y : raw[c].w;
-        w[c][0] = one ? h1 : h0;
-        w[c][1] = one ? h2 : h1;
-        w[c][2] = one ? h3 : h2;
-        w[c][3] = one ? h0 : h3;
-      }
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-        store_column(dst + ((jj + r) & 3) * 16, make_uint4(w[0][jj], w[1][jj], w[2][jj], w[3][jj]));
-    }
-    return range;
-  }
-  __device__ static uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-  // A narrowed 4-column piece q[column][channel pair], column c stored at ((c - r) & 3): the words rotated by r (two
-  // conditional swaps, which compile to selects).
-  __device__ static void store_rotated(unsigned char* dst, const uint32_t (&q)[4][4], int r) {
-    const bool half = r & 2, one = r & 1;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      uint32_t v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t h0 = half ? q[(jj + 2) & 3][k] : q[jj][k], h1 = half ? q[(jj + 3) & 3][k] : q[(jj + 1) & 3][k];
-        v[k] = one ? h1 : h0;
-      }
-      *reinterpret_cast<uint4*>(dst + ((jj + r) & 3) * 16) = make_uint4(v[0], v[1], v[2], v[3]);
-    }
-  }
-  // A whole row. Aligned: its loads are issued before the caller waits for the slot (the row is in flight in
-  // registers), then stored. Element by element (the rare path): each element is loaded, converted and stored in
-  // turn, zero past the row's end; slow, and next to no registers.
-  __device__ void load(Row& row, const Elem* __restrict__ x_img, int y, int col0) const {
-#pragma unroll
-    for (int k = 0; k < kMine; ++k)
-      if (mine(k)) load_item(row.raw[k], tid + k * kThreads, x_img, y, col0);
-  }
-  // Item tid + k * kThreads is part of the body (where the body is not whole items per thread, the last round
-  // leaves some threads without one).
-  __device__ bool mine(int k) const { return kBody % kThreads == 0 || tid + k * kThreads < kBody; }
-  // The body, then this thread's late item if the row reaches it. Where the tag's fast conversion needs NaN-free
-  // words, an item with a NaN in it has its NaNs made quiet first (each item on its own: a store waits only for its
-  // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
-  // (Precision::kGuardsRange; false otherwise).
-  __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
-    uint32_t range = 0;
-#pragma unroll
-    for (int k = 0; k < kMine; ++k)
-      if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
-    if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      uint4 raw[kChannels];
-      load_item(raw, kBody + tid, x_img, y, col0);
-      range = store_item(quieted(raw), kBody + tid, slot, range);
-    }
-    return out_of_range(range);
-  }
-  __device__ static bool out_of_range(uint32_t range) {
-    if constexpr (kNarrows) return Precision::range_lists(range);
-    return false;
-  }
-  // The item, every NaN in it made 0x7FC00000 where the tag's fast conversion needs NaN-free words (never for 16-bit
-  // elements): a NaN that the fast TF32 rounding keeps a NaN (the canonical one, every payload bit set, would carry
-  // out). One compare for two words; the rare item with a NaN takes a select a word.
-  __device__ static const uint4 (&quieted(uint4 (&raw)[kChannels]))[kChannels] {
-    if constexpr (sizeof(Elem) == 4) {
-      if constexpr (Geometry::Precision::kFastNeedsNoNaN) {
-        bool nan = false;
-#pragma unroll
-        for (int c = 0; c < kChannels; ++c) nan |= either_nan(raw[c].x, raw[c].y) | either_nan(raw[c].z, raw[c].w);
-        if (nan) {
-#pragma unroll
-          for (int c = 0; c < kChannels; ++c) {
-            raw[c].x = quiet_nan(raw[c].x), raw[c].y = quiet_nan(raw[c].y);
-            raw[c].z = quiet_nan(raw[c].z), raw[c].w = quiet_nan(raw[c].w);
-          }
-        }
-      }
-    }
-    return raw;
-  }
-  __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
-  // Returns whether an input it stored is out of the slots' range, as store() does.
-  __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
-    uint32_t range = 0;
-#pragma unroll 1
-    for (int item = tid; item < kItems; item += kThreads) {
-      int grp, chunk;
-      place(item, grp, chunk);
-      const Bits* src = group_row(x_img, y, col0, grp);
-      unsigned char* const dst = slot + grp * Geometry::kGroupBytes;
-#pragma unroll 1
-      for (int c = 0; c < kChannels; ++c, src += plane) {
-#pragma unroll
-        for (int i0 = 0; i0 < kVec; ++i0) {
-          const int i = kVec * chunk + i0;
-          const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
-          if constexpr (kNarrows) {
-            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
-            range = Precision::range_fold(range, h);
-            *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
-            if constexpr (Geometry::kSplitInSlot)
-              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)Precision::rest2(e, 0, h);
-          } else if constexpr (sizeof(Elem) == 4) {
-            const uint32_t w[1] = {e};
-            put<true>(dst + i * 16 + c * 4, w);
-          } else {
-            *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
-          }
-        }
-      }
-    }
-    return out_of_range(range);
-  }
-  // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
-  // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the
-  // non-allocating L1 path).
-  __device__ static uint4 load_streaming(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-  }
-  __device__ static uint32_t load_element(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-    return v;
-  }
-  __device__ static uint16_t load_element(const uint16_t* p) {
-    uint16_t v;
-    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
-    return v;
-  }
-  // kN elements into copy 0 at dst, converted by the precision's tag: what the tensor cores get (TF32 rounding, by
-  // to_tensor_core where kExact, else by the fast conversion of NaN-free words; raw where 3xTF32 splits in
-  // registers), or, where 3xTF32 splits on the way into shared memory, big into copy 0 and small into copy 1. 16-bit
-  // elements go as they are.
-  template <bool kExact, int kN>
-  __device__ static void put(unsigned char* dst, const uint32_t (&v)[kN]) {
-    using Precision = typename Geometry::Precision;
-    uint32_t out[kN];
-    if constexpr (Geometry::kSplitInSlot) {
-      uint32_t small[kN];
-#pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        float b, sm;
-        Precision::split(__uint_as_float(v[i]), b, sm);
-        out[i] = __float_as_uint(b);
-        small[i] = __float_as_uint(sm);
-      }
-      store_words(dst, out);
-      store_words(dst + Geometry::kCopyBytes, small);
-      return;
-    } else if constexpr (kExact) {
-#pragma unroll
-      for (int i = 0; i < kN; ++i) out[i] = __float_as_uint(Precision::to_tensor_core(__uint_as_float(v[i])));
-    } else if constexpr (Geometry::kMmaReadsSlots) {
-      Precision::to_slot(v, out);
-    } else {
-      Precision::to_registers(v, out);
-    }
-    store_words(dst, out);
-  }
-  template <int kN>
-  __device__ static void store_words(unsigned char* dst, const uint32_t (&v)[kN]) {
-    if constexpr (kN == 4) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-    } else {
-      *reinterpret_cast<uint32_t*>(dst) = v[0];
-    }
-  }
-  __device__ static void store_column(unsigned char* dst, uint4 v) {
-    if constexpr (sizeof(Elem) == 4) {
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      put<false>(dst, w);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = v;
-    }
-  }
-};
-
-}  // namespace kb25
-// The row ring: a consumer's input rows in shared-memory slots, handed over by full/empty mbarriers.
-
-
-
-namespace kb25 {
-
-// A consumer's input rows pass through kSlots shared-memory slots, each with a full and an empty mbarrier. Row d (the
-// d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
-// take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
-// slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
-// for it, reads it and releases it.
-template <int kSlots, int kSlotBytes>
-struct RowRing {
-  unsigned char* const slots;
-  uint64_t* const bars;  // (full, empty) per slot
-  __device__ static uint32_t index(uint32_t d) { return d % kSlots; }
-  __device__ static uint32_t phase(uint32_t d) { return (d / kSlots) & 1; }
-  __device__ static void init(uint64_t* bars, int producers, int consumers) {
-    for (int i = 0; i < kSlots; ++i) {
-      mbarrier_init(bars + 2 * i, producers);
-      mbarrier_init(bars + 2 * i + 1, consumers);
-    }
-  }
-  __device__ unsigned char* slot(uint32_t d) const { return slots + index(d) * kSlotBytes; }
-  __device__ uint64_t* full(uint32_t d) const { return bars + 2 * index(d); }
-  __device__ uint64_t* empty(uint32_t d) const { return full(d) + 1; }
-  // On a fresh barrier the phase before phase 0 counts as completed: the first pass over the ring does not wait.
-  __device__ void acquire(uint32_t d) const { mbarrier_wait(empty(d), phase(d) ^ 1); }
-  __device__ void commit(uint32_t d) const {
-    fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
-    mbarrier_arrive(full(d));
-  }
-  __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }
-  __device__ void release(uint32_t d) const { mbarrier_arrive(empty(d)); }
-  // Release where `when` holds, by a predicated arrive rather than a branch around it.
-  __device__ void release_if(bool when, uint32_t d) const { mbarrier_arrive_if(empty(d), when); }
-};
-
-}  // namespace kb25
 
 
 namespace kb25 {
@@ -3504,8 +3919,8 @@ using Sm90Fp16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__half>, 2
 using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf3299k = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x399k = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80F16x3 = FusedTraits<MmaKind::kMmaSync, Fp32OnF16x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -3519,10 +3934,12 @@ template <>
 inline constexpr bool kRecomputesListed<Sm80Tf32> = true;
 template <>
 inline constexpr bool kRecomputesListed<Sm80Tf3299k> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
 
 namespace kb25 {
 
@@ -4196,26 +4613,35 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
   return by_elem<LaunchGradInput>(elem, g, pre_min, argmin, w, dx, N, H, W, num_sms, stream);
 }
 
+// The steps of a dW kernel whose steps are kCols output columns of one row.
+template <int kCols = kb25::GradWeight::kCols>
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
-  static_assert(G::kCols == kb25::GradWeightMma::kCols, "both dW kernels take the same steps");
+  static_assert(G::kCols == kb25::GradWeightMma::kCols, "the walkers and the smem-tile kernel take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
-  return OH > 0 && OW > 0 ? N * OH * ((OW + G::kCols - 1) / G::kCols) : 0;
+  return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks) {
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
+// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks) {
   using Walk = kb25::GradWeight;
   using Mma = kb25::GradWeightMma;
+  using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  const cudaError_t err =
-      tensor_cores
-          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                        &per_sm)
-          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                    &per_sm);
+  cudaError_t err;
+  if (!tensor_cores) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                  &per_sm);
+  } else if (elem == kb25::kElemFloat32) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
+                                                                                      &per_sm);
+  } else {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                       &per_sm);
+  }
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -4238,15 +4664,29 @@ struct LaunchGradWeight {
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
     if (tensor_cores) {
-      using M = kb25::GradWeightMma;
-      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
-      const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
-      if (err != cudaSuccess) return err;
+      // gm's scale: the largest finite |g|, a word per CTA after the partials.
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
-                                                           steps);
+      if constexpr (std::is_same_v<Elem, float>) {  // TF32: the fed kernel (grad_weight_fed.cuh)
+        using F = kb25::GradWeightFed;
+        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
+        const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+        const int scale_blocks = blocks;
+        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                             W, fed_steps);
+      } else {  // bf16, fp16: the smem-tile kernel
+        using M = kb25::GradWeightMma;
+        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
+        const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H,
+                                                             W, steps);
+      }
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
@@ -4310,14 +4750,14 @@ inline constexpr int kPrecisionStrictFp32 = 1;
 inline constexpr int kPrecisionBf16 = 2;
 inline constexpr int kPrecisionFp16 = 3;
 inline constexpr int kFusedKernelCount = 17;
-inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_tf32x3", "sm80_tf32x3_99k", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
+inline constexpr const char* kFusedKernelNames[] = {"sm90_tf32_f16", "sm90_tf32", "sm90_f16x3", "sm90_tf32x3", "sm90_bf16", "sm90_fp16", "sm90_bf16_from_fp32", "sm90_fp16_from_fp32", "sm80_tf32_f16", "sm80_tf32", "sm80_tf32_99k", "sm80_f16x3", "sm80_tf32x3", "sm80_bf16", "sm80_fp16", "sm80_bf16_from_fp32", "sm80_fp16_from_fp32"};
 inline constexpr int kFusedKernelPrecision[] = {0, 0, 1, 1, 2, 3, 2, 3, 0, 0, 0, 1, 1, 2, 3, 2, 3};
 // x's element type (its code, kElem*): the precision's own, or float32 rounded by the kernel (autocast's call).
 inline constexpr int kFusedKernelInput[] = {0, 0, 0, 0, 3, 2, 0, 0, 0, 0, 0, 0, 0, 3, 2, 0, 0};
 // Guarded kernels list the images they cannot compute exactly (a guard buffer of 1 + 2N ints, [0] and the last N
 // zeroed); their guard, a kernel that recomputes listed images, runs after them on the same buffer.
-inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, false, false, false, false, false, false};
-inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuarded[] = {true, false, true, false, false, false, false, false, true, false, false, true, false, false, false, false, false};
+inline constexpr bool kFusedKernelGuards[] = {false, true, false, true, false, false, false, false, false, true, true, false, true, false, false, false, false};
 // What the chooser knows of a GPU: sm = major * 10 + minor; the shared memory a block may opt in to
 // (cudaDevAttrMaxSharedMemoryPerBlockOptin); whether this build has sm_90a code for it (wgmma).
 struct DeviceProfile {
@@ -4352,9 +4792,10 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
+// elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
@@ -4677,12 +5118,9 @@ bool fused_kernel_launches(int64_t kernel) {
   return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
 }
 
-// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
-// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
-// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
-// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
-std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
-                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
+// Checks a call of one named fused kernel (run_fused_kernel*); returns the GPU it runs on.
+kb25::DeviceProfile check_named_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                       int64_t kernel) {
   check_input(x, weight, bias, casts_input(x, weight));
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
@@ -4696,14 +5134,35 @@ std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x,
                         num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input on " + x.device().str() +
                         ", " + dtype_name(weight.scalar_type()) + " weights, TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed"));
-  const c10::cuda::CUDAGuard guard(x.device());
   const kb25::DeviceProfile real = real_profile(x.get_device());
   TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
                     "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
                         " bytes of shared memory per block and its MMA; got " + profile_str(real));
+  return real;
+}
+
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
+// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
+// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
+                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
+  const kb25::DeviceProfile real = check_named_kernel(x, weight, bias, kernel);
+  const c10::cuda::CUDAGuard guard(x.device());
   const int guard_kernel = with_guard ? choose_guard_kernel((int)kernel, real) : -1;
   auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, guard_kernel, false);
   return {std::get<0>(result), std::get<3>(result)};
+}
+
+// The saving variant of one named fused kernel (tests): the output, each pixel's argmin channel (uint8) and pre-tanh
+// min (float32); a guarded kernel runs with its guard, as ModelNew runs it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_fused_kernel_saving(const at::Tensor& x, const at::Tensor& weight,
+                                                                       const at::Tensor& bias, int64_t kernel) {
+  const kb25::DeviceProfile real = check_named_kernel(x, weight, bias, kernel);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, choose_guard_kernel((int)kernel, real),
+                                                true);
+  return {std::get<0>(result), std::get<1>(result), std::get<2>(result)};
 }
 
 at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
@@ -4817,7 +5276,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                               (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     int blocks = 0;
     const cudaError_t blocks_err =
-        conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
@@ -4857,7 +5316,7 @@ TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
-                       "run_fused_kernel_guarded", "conv_min_tanh2_cast_input",
+                       "run_fused_kernel_guarded", "run_fused_kernel_saving", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -5277,6 +5736,12 @@ def run_fused_kernel(x, weight, bias, name):
     input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
     kernel (fp32 x on fp16 operands: TF32, strict) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
+
+
+def run_fused_kernel_saving(x, weight, bias, name):
+    """run_fused_kernel's saving variant (tests): (the output, each pixel's argmin channel as uint8, its pre-tanh min
+    as float32)."""
+    return _ext.run_fused_kernel_saving(x, weight, bias, _fused_code(name))
 
 
 def run_guarded_kernel(x, weight, bias, name, with_guard):

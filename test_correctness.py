@@ -791,8 +791,12 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
     assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_mma_kernel", "grad_weight_reduce_kernel"):
-        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == len(model_new.ARGMIN_BACKWARD_DTYPES)
+    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient for float32 x and the
+    # smem-tile one for 16-bit x
+    dtypes = len(model_new.ARGMIN_BACKWARD_DTYPES)
+    for part, count in (("grad_input_kernel", dtypes), ("grad_weight_kernel", dtypes), ("grad_weight_fed_kernel", 1),
+                        ("grad_weight_mma_kernel", dtypes - 1), ("grad_weight_reduce_kernel", dtypes)):
+        assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == count, (part, list(kernels))
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
         runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"
@@ -1097,8 +1101,8 @@ def test_chooser_picks_only_kernels_each_arch_can_launch():
 
 def test_argmin_order_is_torch_mins_in_any_fold_order():
     """keep_min (the saving epilogues' combine, host code of the CUDA source) folded over 64-channel pixels in three
-    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own) gives
-    torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
+    orders (in order, reversed, a butterfly: the kernels fold across lanes and warps in orders of their own), and
+    scan_min (the in-register scans) in channel order, give torch.min's value and index: a NaN first (the lowest channel among NaNs), then the smallest value, ties to the
     lowest channel. Pixels drawn from a few values (many ties, NaN, +-inf, +-0) and from random floats."""
     gen = torch.Generator().manual_seed(0)
     numbers = torch.tensor([float("-inf"), float("inf"), -1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
@@ -1112,7 +1116,7 @@ def test_argmin_order_is_torch_mins_in_any_fold_order():
                     for r in rows)
     out = _host_program("argmin", input=stdin)
     results = [line.split() for line in out.splitlines()]
-    assert len(results) == len(rows)
+    assert len(results) == len(rows) and all(len(got) == 8 for got in results)
     for r, got in zip(rows, results):
         value, index = torch.min(r, dim=0)
         for bits, channel in zip(got[0::2], got[1::2]):
@@ -1230,15 +1234,11 @@ def test_l2_flush_buffer_is_on_the_gpu_and_twice_its_l2(monkeypatch):
 
 def _expected_kernel(precision, mma_sync_only=False):
     """What this GPU must run, written out by hand (not from the table): wgmma on sm_90 unless mma.sync is forced;
-    else the mma.sync kernel, 3xTF32 in its 99 KB form where a block may not have 126.6 KB. TF32 runs on fp16
-    operands everywhere, strict fp32 on fp16 parts with wgmma."""
+    else the mma.sync kernel. TF32 runs on fp16 operands everywhere, strict fp32 on fp16 parts."""
     if torch.cuda.get_device_capability() == (9, 0) and not mma_sync_only:
         return {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16",
                 "fp16": "sm90_fp16"}[precision]
-    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    if precision == "strict_fp32":
-        return "sm80_tf32x3" if optin >= 126560 else "sm80_tf32x3_99k"
-    return {"tf32": "sm80_tf32_f16", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
+    return {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_f16x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}[precision]
 
 
 @needs_cuda
@@ -1257,7 +1257,7 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
     torch.backends.cudnn.allow_tf32 = False
     assert new.resolve_backend(x) == "fused"
     assert new.fused_kernel(x) == _expected_kernel("strict_fp32")
-    new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: 3xTF32, never plain TF32
+    new.backend = "fused_mma_sync"  # strict fp32 on mma.sync too: three products, never plain TF32
     assert new.fused_kernel(x) == _expected_kernel("strict_fp32", mma_sync_only=True)
     new.backend = "auto"
     torch.backends.cudnn.allow_tf32 = True
@@ -1297,16 +1297,15 @@ def test_auto_backend_decision_table_on_gpu(tf32_default):
 
 # What each GPU profile (harness.DEVICE_PROFILES) runs per precision: None is cudnn_epilogue. Written out by hand, not
 # derived from the table, so that a change of the chooser's answers shows here.
-_SM80 = {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_tf32x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
-_SM80_99K = dict(_SM80, strict_fp32="sm80_tf32x3_99k")
+_SM80 = {"tf32": "sm80_tf32_f16", "strict_fp32": "sm80_f16x3", "bf16": "sm80_bf16", "fp16": "sm80_fp16"}
 PROFILE_KERNELS = {
     "T4": dict.fromkeys(harness.PRECISIONS),
     "A100": _SM80,
-    "A10G": _SM80_99K,
-    "L40S": _SM80_99K,
+    "A10G": _SM80,
+    "L40S": _SM80,
     "H100": {"tf32": "sm90_tf32_f16", "strict_fp32": "sm90_f16x3", "bf16": "sm90_bf16", "fp16": "sm90_fp16"},
     "B200": _SM80,
-    "RTX5090": _SM80_99K,
+    "RTX5090": _SM80,
 }
 PROFILE_SHAPES = [FULL_SHAPE, (3, 16, 67, 300), (2, 16, 259, 130), (2, 16, 40, 600)]
 _profile_truth = {}
@@ -1529,20 +1528,25 @@ FP32_KEYS = [k for k in CASE_KEYS if harness.CASES[k].precision in ("tf32", "str
 
 @needs_cuda
 @pytest.mark.parametrize("key", FP32_KEYS)
-@pytest.mark.parametrize("where", ["input", "weight", "late_item"])
+@pytest.mark.parametrize("where", ["input", "weight", "late_item", "all_bits", "all_bits_by_element"])
 def test_nan_with_only_low_payload_bits_stays_nan(key, where, tf32_default):
     """NaNs with payload only in the 13 low bits (0x7f800001, 0xff801000): in the input, NaN at every output pixel it
     feeds; in a weight, NaN everywhere (its output channel is NaN at every pixel, and the min propagates it). Checked
     against float64 truth and the reference (the fused TF32 kernels gave tanh(tanh(+-inf)) there before the
     producers made NaNs canonical). late_item: rows of 264 columns, the NaNs in input columns 256 and 257, which the
-    first 256-column tile loads as its late item (the chunk past the tile, loaded after the slot wait)."""
+    first 256-column tile loads as its late item (the chunk past the tile, loaded after the slot wait). all_bits: the
+    NaNs with every bit set (0x7fffffff, 0xffffffff: CUDA's own arithmetic makes them), each the only non-finite input
+    of its image, in rows of whole 16-byte chunks and (by_element, width 21) not: TF32 rounding by an integer add on
+    the bits carries them out to a zero, which lists nothing for the guard to recompute."""
     case, ref, fn, dtype = _case(key, 9)
-    x = make_input((2, 16, 20, 264 if where == "late_item" else 20), seed=5, device="cuda").to(dtype)
+    width = {"late_item": 264, "all_bits_by_element": 21}.get(where, 20)
+    x = make_input((2, 16, 20, width), seed=5, device="cuda").to(dtype)
     if where != "weight":
         col_a, col_b = (256, 257) if where == "late_item" else (5, 7)
         bits = x.view(torch.int32)
-        bits[0, 3, 5, col_a] = 0x7F800001
-        bits[1, 9, 12, col_b] = -8384512  # 0xff801000
+        all_bits = where.startswith("all_bits")
+        bits[0, 3, 5, col_a] = 0x7FFFFFFF if all_bits else 0x7F800001
+        bits[1, 9, 12, col_b] = -1 if all_bits else -8384512  # 0xffffffff, 0xff801000
     else:
         with torch.no_grad():
             for m in (ref, fn.model):
@@ -1916,8 +1920,8 @@ def test_sass_uses_tensor_cores_without_local_memory():
 # of GPU through emulate_device: H100 runs the wgmma kernels' saving variants, A100 the mma.sync ones, A10G the 99 KB
 # strict one, T4 cuDNN + torch.min's argmin. Every profile runs the same backward kernels.
 TRAIN_PROFILES = ["H100", "A100", "A10G", "T4"]
-# Ragged shapes: a second column block that is partly empty (dW steps are 128 columns, dX steps 256), the smallest
-# input, one tall and narrow.
+# Ragged shapes: a second column block that is partly empty (dW steps are 256 columns in TF32, 128 in 16-bit and
+# strict fp32; dX steps 256), the smallest input, one tall and narrow.
 # The last has many steps per backward CTA (the dW row ring and both kernels' prefetches).
 TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5), (16, 16, 258, 130)]
 # Gradients through our argmin against the float64 chain through the same argmin (relative, per tensor): fp32 sums
@@ -2035,6 +2039,38 @@ def test_training_backward_follows_the_saved_argmin(profile, forward_mode, tf32_
                 assert err <= tol[name], f"{where} d{name}: {err}"
 
 
+# Ragged shapes for one kernel's saving variant: tiles cut by the image's right edge (64-, 128- and 256-column tiles),
+# a width whose rows are not 16-byte aligned (element-by-element loads), and enough rows that consumer ranges start
+# and end inside column strips.
+KERNEL_SAVING_SHAPES = [(3, 16, 37, 300), (2, 16, 70, 131), (5, 16, 131, 70)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", model_new.FUSED_KERNELS)
+def test_every_kernels_saving_variant_follows_float64(kernel, tf32_default):
+    """Each fused kernel's saving variant run by name (the chooser takes one kernel a precision; this reaches the
+    others too): its output is its inference variant's bit for bit, its argmin the float64 conv's wherever the best
+    two channels are apart by more than the precision's error, and its pre-tanh min the float64 min (of x as the
+    kernel reads it: a 16-bit kernel with a float32 input rounds x to its dtype)."""
+    row = _row(kernel)
+    if not model_new.fused_kernel_launches(kernel):
+        pytest.skip(f"{kernel} does not launch on this GPU")
+    torch.backends.cudnn.allow_tf32 = row.precision != "strict_fp32"
+    dtype = harness.PRECISIONS[row.precision].dtype
+    _, new = harness.make_models(62, device="cuda")
+    w, b = (t.detach().to(dtype) for t in (new.conv.weight, new.conv.bias))
+    for i, shape in enumerate(KERNEL_SAVING_SHAPES):
+        x = harness.make_input(shape, seed=63 + i, device="cuda", dtype=model_new.INPUT_DTYPES[row.input])
+        out, argmin, pre_min = model_new.run_fused_kernel_saving(x, w, b, kernel)
+        assert torch.equal(out, model_new.run_fused_kernel(x, w, b, kernel)), (kernel, shape)
+        y64 = torch.conv2d(x.to(dtype).double(), w.double(), b.double())
+        best2 = y64.topk(2, dim=1, largest=False).values
+        clear = (best2[:, 1:] - best2[:, :1]) > ARGMIN_GAP[row.precision]
+        assert clear.float().mean() > 0.5, f"too few pixels with a clear argmin: {clear.float().mean()}"
+        assert torch.equal(argmin.long()[clear], y64.argmin(1, keepdim=True)[clear]), (kernel, shape)
+        assert (pre_min.double() - best2[:, :1]).abs().max() <= PRE_MIN_TOL[row.precision], (kernel, shape)
+
+
 @needs_cuda
 @pytest.mark.parametrize("precision", list(harness.PRECISIONS))
 def test_training_gradients_no_further_from_float64_than_the_reference(precision, tf32_default):
@@ -2136,16 +2172,21 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
 
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-@pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image"])
-def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile, case, tf32_default):
+@pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image", "dust_x"])
+@pytest.mark.parametrize("width", [150, 152], ids=["by_element", "aligned"])
+def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile, case, width, tf32_default):
     """The tensor cores' fp16 operands keep 2^-24 steps. Where all of x is tiny (rand * 1e-6) its steps are summed in
     fp32; x = rand * 1e-3 (a twentieth of it below fp16's normals) stays on the tensor cores within TF32's class; one
-    tiny image beside a normal one mixes the two. dW against the float64 chain (and on TF32-rounded operands, where
-    the tensor cores ran alone), db and dX within fp32's bound."""
-    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 40, 150), seed=67)
+    tiny image beside a normal one mixes the two; x = rand * 1e-8, all below 2^-24 (zeros in fp16), is walked too.
+    Rows loaded element by element (width 150) and in 16-byte chunks (152): the producer folds each its own way. dW
+    against the float64 chain (and on TF32-rounded operands, where the tensor cores ran alone), db and dX within
+    fp32's bound."""
+    new, x, g, _ = _train_setup(profile, "tf32", (2, 16, 40, width), seed=67)
     with torch.no_grad():
         if case == "tiny_x":
             x *= 1e-6
+        elif case == "dust_x":
+            x *= 1e-8
         elif case == "small_x":
             x *= 1e-3
         else:
@@ -2158,7 +2199,7 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
     want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
     where = f"{profile} {case}"
     tol = {"x": 1e-5, "b": 1e-5,
-           "w": TF32_WEIGHT_GRAD_TOL if case.startswith("tiny") else
+           "w": TF32_WEIGHT_GRAD_TOL if case != "small_x" else
            _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, "tf32", where)}
     for name, got, truth in zip("xwb", (dx, dw, db), want):
         err = harness.relative_error(got, truth)
@@ -2168,9 +2209,27 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
 
 
 @needs_cuda
-@pytest.mark.parametrize("precision", ["strict_fp32", "tf32"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 130)], ids=["one_step", "many_steps"])
+def test_training_16bit_weight_gradient_walks_tiny_rows(profile, tf32_default):
+    """bf16 x all far below fp16's normals (rand * 1e-7): the smem-tile weight gradient carries bf16 x in fp16, whose
+    2^-24 steps would round most of it to 0 or 6e-8, so its windows are summed in fp32 instead, and dW is the float64
+    chain's within bf16's one rounding."""
+    new, x, g, _ = _train_setup(profile, "bf16", (2, 16, 40, 152), seed=68)
+    with torch.no_grad():
+        x *= 1e-7
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, _, dw, _ = _grads(new, x, g)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)[1]
+    err = harness.relative_error(dw, want)
+    assert err <= ROUTED_TOL["bf16"], f"{profile}: dw {err}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["strict_fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 132)], ids=["one_step", "many_steps"])
 def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precision, forward_mode, tf32_default):
     """NaN inputs: NaN where the reference's dense chain has NaN (dW for every channel at the NaN's taps: 0 * NaN; dX
     around it), its values elsewhere; on a shape where each backward CTA runs many steps, with NaNs in interior rows
@@ -2178,14 +2237,16 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
     dX wherever that weight's tap reaches a pixel whose argmin is another channel; where the tap's input is 0, that
     channel alone is NaN at the pixel, and the saved argmin is that channel (NaN wins). Compared with the float64
     chain through the saved argmin (near-ties of a large shape could route a pixel differently from the reference's
-    own conv), and on the small shape with the reference itself. Strict fp32 runs the CUDA-core weight gradient, TF32
-    the tensor-core one, whose steps with a NaN in their window are summed by its fp32 walkers."""
-    new, x, g, _ = _train_setup(profile, precision, shape, seed=63)
+    own conv), and on the small shape with the reference itself (float32 only: with the infinite weight, cuDNN's fp16
+    backward gave dX another NaN pattern than the float64 chain on the H200, which the kernels match). Strict fp32
+    runs the CUDA-core weight gradient; TF32 the fed tensor-core one and fp16 the smem-tile one, whose steps with a
+    NaN in their window are summed by their fp32 walkers."""
+    new, x, g, spec = _train_setup(profile, precision, shape, seed=63)
     n, _, h, w = shape
     x[0, 3, h // 4, w // 4] = float("nan")
     x[n - 1, 10, h - 2, w - 1] = float("nan")
     x[n // 2, 7, h // 2, w // 2] = float("nan")
-    ref = reference.Model(16, 64, 3).cuda()
+    ref = reference.Model(16, 64, 3).cuda().to(spec.dtype)
     for poison_weight in (False, True):
         if poison_weight:
             x = x.nan_to_num(0.5)
@@ -2203,20 +2264,61 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
         routed = harness.routed_float64_grads(x, w, argmin, pre_min, g)
         # With NaN inputs TF32's dW mixes the walkers' fp32 products (steps with a NaN in their window) with TF32
         # ones: held to the plain chain alone.
-        tol = {"x": 1e-5, "b": 1e-5,
+        tol = {"x": ROUTED_TOL[precision], "b": ROUTED_TOL[precision],
                "w": _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, precision, str(poison_weight))
                if poison_weight or precision != "tf32" else TF32_WEIGHT_GRAD_TOL}
         for name, got, want in zip("xwb", (dx, dw, db), routed):
             assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "float64 chain")
             assert harness.relative_error(got, want) <= tol[name], (poison_weight, name)
-        if shape == (2, 16, 20, 30):
+        if shape == (2, 16, 20, 30) and precision != "fp16":
             _, *ref_grads = _grads(ref, x, g)
             for name, got, want in zip("xwb", (dx, dw, db), ref_grads):
                 assert torch.equal(got.isnan(), want.isnan()), (poison_weight, name, "reference")
+                if precision == "fp16":  # its argmin comes from fp16-rounded channels: near-ties route elsewhere
+                    continue
                 # the reference's own TF32 convs (dX too) are TF32_WEIGHT_GRAD_TOL from the float64 chain
                 ref_tol = 1e-4 if precision == "strict_fp32" else TF32_WEIGHT_GRAD_TOL
                 assert harness.relative_error(got, want) <= ref_tol, (poison_weight, name)
         assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
+
+
+def _ranges_cross_strips(images, out_rows, col_blocks, ctas, after):
+    """Whether some CTA's range of backward steps (step_range over (image, column strip, output row)) holds the last
+    step of one column strip and the first `after` steps of the next."""
+    total = images * col_blocks * out_rows
+    ranges = [(total * b // ctas, total * (b + 1) // ctas) for b in range(min(ctas, total))]
+    starts = [(n * col_blocks + cb) * out_rows for n in range(images) for cb in range(1, col_blocks)]
+    return any(begin < s and s + after <= end for begin, end in ranges for s in starts)
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_weight_gradient_ignores_an_earlier_strips_infinities(profile, tf32_default):
+    """The fed TF32 dW keeps each input row in a ring slot (4 of them). A row of a strip that ends within the tile (W =
+    508: the second 256-column strip holds 252 input columns) leaves its slot's last chunk (columns 256-259)
+    unstored, and the taps of the pixels past the row's end (254, 255) read it, times B's zeros. The producer zeroes
+    it: otherwise it keeps what the slot held in the strip before. Here an infinity at input column 256 of each
+    image's last row (row 129, which the next strip's row 3 replaces in its slot): the reference's dW is NaN at that
+    tap row alone (dW[:, 3, 2, :], 0 * inf at the pixels that read it), and a kept chunk would add NaNs at rows 0
+    and 1 (the steps whose window holds row 3 there). The shape leaves some CTA running from a strip's last step
+    into three steps of the next for a grid of one or two CTAs an SM."""
+    shape = (7, 16, 130, 508)
+    n, _, h, w = shape
+    new, x, g, _ = _train_setup(profile, "tf32", shape, seed=69)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not all(_ranges_cross_strips(n, h - 2, 2, k * sms, after=3) for k in (1, 2)):
+        pytest.skip(f"with {sms} SMs no backward CTA runs across a strip's end at {shape}")
+    x[:, 3, h - 1, 256] = float("inf")
+    with harness.emulated(profile):
+        _, dx, dw, db = _grads(new, x, g)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
+                                                                  new.conv.bias.detach(), AUTO)
+    routed = harness.routed_float64_grads(x, new.conv.weight.detach(), argmin, pre_min, g)
+    tol = {"x": ROUTED_TOL["tf32"], "w": TF32_WEIGHT_GRAD_TOL, "b": ROUTED_TOL["tf32"]}
+    for name, got, want in zip("xwb", (dx, dw, db), routed):
+        assert torch.equal(got.isnan(), want.isnan()), (profile, name, int(got.isnan().sum()), int(want.isnan().sum()))
+        assert harness.relative_error(got, want) <= tol[name], (profile, name)
+    assert dw[:, 3, 2].isnan().all() and not dw[:, 3, :2].isnan().any()
 
 
 @needs_cuda
@@ -2413,6 +2515,8 @@ def _distribution(kind, shape, seed):
         return torch.rand(shape, generator=gen, device="cuda") * 1e-3
     if kind == "subnormal":
         return torch.rand(shape, generator=gen, device="cuda") * 6e-5
+    if kind == "dust":  # below 2^-25: fp16 rounds them to 0 (strict's hi parts)
+        return torch.rand(shape, generator=gen, device="cuda") * 1e-9
     if kind == "ties":
         return _ties(shape, gen, 10)
     if kind == "wide":
@@ -2462,13 +2566,14 @@ def test_tf32_on_fp16_operands_gives_the_tf32_products(name, kind, tf32_default)
 
 
 @needs_cuda
-@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "ties", "wide"])
+@pytest.mark.parametrize("kind", ["rand", "normal", "tiny", "subnormal", "dust", "ties", "wide"])
 @pytest.mark.parametrize("name", GUARDED_STRICT)
 def test_strict_on_fp16_parts_gives_fp32_products(name, kind, tf32_default):
     """Strict fp32 on fp16 hi/lo parts: against the float64 forward of x and the weights as they are, no further
     than twice what its guard (3xTF32, the same three-product scheme on TF32 parts) is, plus the contract's 2^-36 per
     input times the largest sum of |w| over a channel; and within 1e-6 of the sums' scale. Inputs all below fp16's
-    normal range (x 6e-5) list every image, which the guard then computes. Ties: halfway between two fp16 values."""
+    normal range (x 6e-5), or all below 2^-25 (x 1e-9, whose hi parts are 0), list every image, which the guard then
+    computes. Ties: halfway between two fp16 values. Widths 301, 258, 7 (element loads) and 260 (16-byte loads)."""
     # (the same distributions as the TF32 carrier's test, _distribution)
     _guarded_or_skip(name)
     _, new = _cuda_models(7)
@@ -2476,11 +2581,11 @@ def test_strict_on_fp16_parts_gives_fp32_products(name, kind, tf32_default):
     if kind == "wide":
         w = w / 256
     floor = 2.0 ** -36 * float(w.abs().sum(dim=(1, 2, 3)).max())
-    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7)]:
+    for shape in [(3, 16, 37, 301), (2, 16, 9, 258), (2, 16, 6, 7), (2, 16, 9, 260)]:
         x = _distribution(kind, shape, seed=_case_seed(kind, shape))
         out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
         guard = model_new.run_fused_kernel(x, w, b, _guard_of(name))
-        if kind == "subnormal":
+        if kind in ("subnormal", "dust"):
             assert sorted(listed.tolist()) == list(range(shape[0])), (shape, listed)
             assert _bit_equal(out, guard)
             continue
@@ -2527,14 +2632,15 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
 
 
 @needs_cuda
-@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias"])
+@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias", "bias_lost"])
 @pytest.mark.parametrize("name", GUARDED)
 def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_default):
     """The weights are scaled by a power of two into fp16's range and the scale is undone after the min: tiny
     (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the kernel's products
     (TF32: the TF32-rounded operands'; strict: the operands' own) within 1e-6 of the output's scale from the guard
     kernel's and 2e-6 of the float64 forward, nothing listed. Weights fp16 cannot hold at any one scale (one
-    weight 2^40 times the rest) or a NaN weight or bias list every image, and the output is the guard kernel's."""
+    weight 2^40 times the rest), a NaN weight or bias, or a bias that the scale would take below fp32's normal range
+    (weights x 1e20, bias x 1e-25) list every image, and the output is the guard kernel's."""
     strict = _row(name).precision == "strict_fp32"
     _guarded_or_skip(name)
     _, new = _cuda_models(10)
@@ -2553,10 +2659,12 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
         w[5, 0, 0, 0] = float("nan")
     elif case == "nan_bias":
         b[7] = float("nan")
+    elif case == "bias_lost":
+        w, b = w * 1e20, b * 1e-25
     x = make_input((3, 16, 20, 70), seed=11, device="cuda")
     out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
     tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
-    if case in ("wide", "nan_weight", "nan_bias"):
+    if case in ("wide", "nan_weight", "nan_bias", "bias_lost"):
         assert sorted(listed.tolist()) == [0, 1, 2]
         assert _bit_equal(out, tf32)
     else:

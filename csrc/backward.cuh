@@ -474,14 +474,23 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const
   }
 }
 
-// The OR of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where this kernel runs; shuffles
-// elsewhere, so that the source compiles for every arch.
+// The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
+// kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
 #if KB25_HAS_FUSED
   return __reduce_or_sync(0xffffffffu, v);
 #else
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) v |= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+#if KB25_HAS_FUSED
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
   return v;
 #endif
 }
@@ -534,6 +543,27 @@ struct GradWeightMma : GradGeometry {
     return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
   }
   __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
+  // The operand scale from the largest finite |g| (bits): that |g| times 2^scale in [2^14, 2^15), and 2^-scale a
+  // normal float.
+  __device__ static int operand_scale(uint32_t largest) {
+    return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));
+  }
+  // The call's operand scale, from the scale kernel's per-CTA maxima: every thread of the CTA, `largest` a zeroed
+  // shared word (published by a barrier before).
+  __device__ static int call_scale(const uint32_t* __restrict__ maxima, int scale_blocks, uint32_t* largest) {
+    uint32_t m = 0;
+    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
+    atomicMax(largest, m);
+    __syncthreads();
+    return operand_scale(*largest);
+  }
+  // A pixel's gm * 2^scale as the operands carry it: hi = rounded to TF32 (cvt.rna), in fp16; lo = what hi leaves,
+  // times 2^11, in fp16 (0 where gm is not finite). Each in the low half of its word.
+  __device__ static void split_gm(float scaled, uint32_t& hi, uint32_t& lo) {
+    hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
+    const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
+    lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+  }
   static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
   static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
 };
@@ -562,13 +592,7 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   }
   if (threadIdx.x <= 2 * G::kKsize) scale_max[threadIdx.x] = 0;
   __syncthreads();
-  {
-    uint32_t m = 0;
-    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
-    atomicMax(scale_max, m);
-  }
-  __syncthreads();
-  const int scale = max(-126, min(126, 141 - max((int)(*scale_max >> 23), 1)));  // 2^-scale a normal float
+  const int scale = G::call_scale(maxima, scale_blocks, scale_max);
   const float up = G::pow2(scale);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
@@ -679,9 +703,8 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
       uint32_t block_bit = 0;
       if (k >= 0) {
         const float scaled = gm * up;
-        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(scaled), 0.f) & 0xFFFFu;
-        const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
-        const uint32_t lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
+        uint32_t hi, lo;
+        G::split_gm(scaled, hi, lo);
         written = G::tile_offset(threadIdx.x / G::kChunk, k >> 4, k & 15, threadIdx.x % G::kChunk);
         *reinterpret_cast<uint16_t*>(tiles + written) = (uint16_t)hi;
         *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = (uint16_t)lo;

@@ -205,13 +205,8 @@ struct WgmmaEpilogue {
         float best = acc[8 * s][2 * h];
         int channel = 2 * t;
 #pragma unroll
-        for (int k = 1; k < 16; ++k) {  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          const float v = acc[8 * s + k / 2][2 * h + k % 2];
-          // v strictly precedes best: smaller, or a NaN where best is a number (not (best <= v), best no NaN)
-          const bool took = !(best <= v) && best == best;
-          best = took ? v : best;
-          channel = took ? 8 * (k / 2) + 2 * t + k % 2 : channel;
-        }
+        for (int k = 1; k < 16; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
+          scan_min(best, channel, acc[8 * s + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
         m[2 * s + h] = best;
         c[2 * s + h] = channel;
       }

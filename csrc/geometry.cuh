@@ -36,8 +36,11 @@ struct ConvGeometry {
   static constexpr int kTileCols = kTileCols_;
   // wgmma: the tensor cores read the slots themselves; mma.sync loads them into registers first.
   static constexpr bool kMmaReadsSlots = kMmaReadsSlots_;
-  // 3xTF32 with the split on the way into shared memory: two operand copies (big, small) per slot.
-  static constexpr int kCopies = kMmaReadsSlots ? Precision::Multiply::kCopies : 1;
+  // Three products with the split on the way into shared memory: two operand copies (big, small) per slot. Where
+  // the MMA reads the slots (wgmma), and where the slots narrow x (fp16 parts); mma.sync's 3xTF32 keeps raw fp32 in
+  // the slot and splits each fragment in registers.
+  static constexpr int kCopies =
+      kMmaReadsSlots || sizeof(MmaElem) < sizeof(XElem) ? Precision::Multiply::kCopies : 1;
   static constexpr bool kSplitInSlot = kCopies == 2;
   static constexpr int kInCols = kTileCols + kKsize - 1;  // input columns one step reads
   static constexpr int kMmaK = Precision::kMmaK;

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "backward.cuh"
+#include "grad_weight_fed.cuh"
 #include "fused_kernel.cuh"
 #include "min_epilogue.cuh"
 
@@ -239,26 +240,35 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
   return by_elem<LaunchGradInput>(elem, g, pre_min, argmin, w, dx, N, H, W, num_sms, stream);
 }
 
+// The steps of a dW kernel whose steps are kCols output columns of one row.
+template <int kCols = kb25::GradWeight::kCols>
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
-  static_assert(G::kCols == kb25::GradWeightMma::kCols, "both dW kernels take the same steps");
+  static_assert(G::kCols == kb25::GradWeightMma::kCols, "the walkers and the smem-tile kernel take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
-  return OH > 0 && OW > 0 ? N * OH * ((OW + G::kCols - 1) / G::kCols) : 0;
+  return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
-// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks) {
+// steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
+// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks) {
   using Walk = kb25::GradWeight;
   using Mma = kb25::GradWeightMma;
+  using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  const cudaError_t err =
-      tensor_cores
-          ? resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<float>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                        &per_sm)
-          : resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                    &per_sm);
+  cudaError_t err;
+  if (!tensor_cores) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                  &per_sm);
+  } else if (elem == kb25::kElemFloat32) {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
+                                                                                      &per_sm);
+  } else {
+    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
+                                                                                       &per_sm);
+  }
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -281,15 +291,29 @@ struct LaunchGradWeight {
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
     if (tensor_cores) {
-      using M = kb25::GradWeightMma;
-      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
-      const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
-      if (err != cudaSuccess) return err;
+      // gm's scale: the largest finite |g|, a word per CTA after the partials.
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H, W,
-                                                           steps);
+      if constexpr (std::is_same_v<Elem, float>) {  // TF32: the fed kernel (grad_weight_fed.cuh)
+        using F = kb25::GradWeightFed;
+        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
+        const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+        const int scale_blocks = blocks;
+        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                             W, fed_steps);
+      } else {  // bf16, fp16: the smem-tile kernel
+        using M = kb25::GradWeightMma;
+        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
+        const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
+        if (err != cudaSuccess) return err;
+        kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H,
+                                                             W, steps);
+      }
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);

@@ -10,10 +10,11 @@ namespace kb25 {
 // each take kWarpCols pixels (kMTiles m16 tiles) x all kCout channels (kCout / 8 n8 tiles), so the min over channels
 // stays in registers. A (pixels x k) comes from the slot by ldmatrix: one x4 per m16 tile and k-step, its 8-row
 // matrices being 8 consecutive 16-byte columns of one channel group (128 contiguous bytes: no bank conflict). B (the
-// weights) is staged once per CTA in the order the MMA reads it. 3xTF32: the weights are staged split (a big and a
-// small copy); the slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers; the
-// two small products go to an accumulator of their own. MMAs read their operands from registers, so the window's
-// oldest row is free as soon as the first kernel row's k-steps have loaded it.
+// weights) is staged once per CTA in the order the MMA reads it. Three products (3xTF32, fp16 parts): the weights
+// are staged split (a big and a small copy) and the two small products go to an accumulator of their own; 3xTF32's
+// slot keeps raw fp32 (the shared memory of TF32) and each A fragment is split in registers, while fp16 parts come
+// split from the slot's two copies (kSplitInSlot), each fragment by its own ldmatrix. MMAs read their operands from
+// registers, so the window's oldest row is free as soon as the first kernel row's k-steps have loaded it.
 template <class Geometry_>
 struct MmaSyncMainloop {
   using Geometry = Geometry_;
@@ -22,7 +23,7 @@ struct MmaSyncMainloop {
   using ParamElem = typename Geometry::ParamElem;
   using MmaElem = typename Geometry::MmaElem;
   using Multiply = typename Precision::Multiply;
-  static_assert(!Geometry::kSplitInSlot, "mma.sync splits 3xTF32 input operands in registers");
+  static_assert(!Geometry::kSplitInSlot || sizeof(MmaElem) == 2, "mma.sync splits 3xTF32 input operands in registers");
   static constexpr bool kReleasesOldestEarly = true;
   static constexpr int kWarpCols = Geometry::kTileCols / 4;
   static constexpr int kMTiles = kWarpCols / 16;
@@ -78,7 +79,7 @@ struct MmaSyncMainloop {
                      Geometry::kMmaK / 2 * (e & 1) + h;
       const Elem v = Precision::param(w[(co * Geometry::kCin + ci) * Geometry::kTaps + ks / Geometry::kKStepsPerTap]);
       inexact |= Precision::inexact(v, scale);
-      Multiply::template store_weight<Precision>(wdst, i, kWeightWords, Precision::scale(v, scale));
+      Multiply::template store_weight<Precision>(wdst, i, kWeightWords * kPerWord, Precision::scale(v, scale));
     }
     float* const bdst = reinterpret_cast<float*>(smem) + kWeightCopies * kWeightWords;
     for (int i = threadIdx.x; i < kBiasQuads * 4; i += blockDim.x)
@@ -111,15 +112,7 @@ struct MmaSyncMainloop {
     Small small;
     // ldmatrix row of this lane: matrix lane / 8 (pixels + 8 for odd matrices, the next channel group for 2 and 3).
     const uint32_t lane_offset = (lane >> 4) * Geometry::kGroupBytes + (warp_col + (lane & 15)) * 16;
-    // The first k-step with C = the bias (tap 0 on its own). 3xTF32 with two m-tiles a warp on sm_100+ runs the later
-    // taps one k-step a trip: with them unrolled ptxas spilled there, with the bias in C (CUDA 13.0) and with the
-    // accumulators started from moves instead (CUDA 12.8's and 13.5's ptxas); one k-step a trip spills under none of
-    // them. Built so for the H200 it ran 7-11% slower (docs/perf-notes.md, "3xTF32"); sm_100 was not measured.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-    constexpr bool kOneKStepATrip = kWeightCopies == 2 && kMTiles > 1;
-#else
-    constexpr bool kOneKStepATrip = false;
-#endif
+    // The first k-step with C = the bias (tap 0 on its own).
     {
       const uint32_t row0 = smem_u32(rows[0]) + lane_offset;
       k_step<true>(acc, small, row0, 0, lane);
@@ -127,13 +120,13 @@ struct MmaSyncMainloop {
       for (int kb = 1; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row0 + 2 * kb * Geometry::kGroupBytes, kb, lane);
     }
-    // 3xTF32 runs one tap per trip (three products per MMA already give ptxas enough to interleave; unrolled whole it
-    // hoists loads until it spills); the others unroll every k-step.
+    // Three products run one tap per trip (they already give ptxas enough to interleave; unrolled whole it hoists
+    // loads until it spills); the others unroll every k-step.
 #pragma unroll(kWeightCopies == 2 ? 1 : Geometry::kTaps - 1)
     for (int tap = 1; tap < Geometry::kTaps; ++tap) {
       const int kh = tap / 3, kw = tap % 3;
       const uint32_t row = smem_u32(kh == 0 ? rows[0] : kh == 1 ? rows[1] : rows[2]) + lane_offset + kw * 16;
-#pragma unroll(kOneKStepATrip ? 1 : Geometry::kKStepsPerTap)
+#pragma unroll
       for (int kb = 0; kb < Geometry::kKStepsPerTap; ++kb)
         k_step<false>(acc, small, row + 2 * kb * Geometry::kGroupBytes, tap * Geometry::kKStepsPerTap + kb, lane);
       // Every ldmatrix of row 0 (taps 0-2) precedes the arrive in program order (both are volatile asm), and the
@@ -155,7 +148,11 @@ struct MmaSyncMainloop {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
         ldmatrix_x4(a[mt], a_addr + mt * 16 * 16);
-        if constexpr (kWeightCopies == 2) Multiply::split_fragment(a[mt], as[mt]);
+        if constexpr (Geometry::kSplitInSlot) {
+          ldmatrix_x4(as[mt], a_addr + mt * 16 * 16 + Geometry::kCopyBytes);
+        } else if constexpr (kWeightCopies == 2) {
+          Multiply::split_fragment(a[mt], as[mt]);
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {

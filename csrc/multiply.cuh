@@ -62,7 +62,8 @@ struct OneProduct {
 // Strict fp32 by three products: v = big + small; big*big + big*small + small*big, small*small dropped. The two small
 // products go to an accumulator of their own and join the big one at the step's end: the tensor cores' fp32
 // accumulation loses up to an ulp of the accumulator per instruction, so the big sum gets a third of the instructions.
-// Inputs are split by the producer (wgmma: two slot copies) or in registers after the fragment load (mma.sync).
+// Inputs are split by the producer into two slot copies (wgmma, and fp16 parts on mma.sync) or, 3xTF32 on mma.sync,
+// in registers after the fragment load.
 // kSmallExp: the small parts are stored times 2^-kSmallExp (fp16 parts: 2^11, so that they stay normal fp16 values),
 // and their sum is multiplied by 2^kSmallExp (exact) before it joins (3xTF32: 0, TF32 parts as they are).
 template <int kSmallExp>
@@ -122,11 +123,11 @@ struct ThreeProductsScaled {
                                        const uint32_t (&as)[4], const uint32_t (&bw)[2], const uint32_t (&bs)[2],
                                        float4 bias) {
     if constexpr (kFirst) {
-      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], float4{0.f, 0.f, 0.f, 0.f}, Operand<Elem>{});
     } else {
-      mma_sync(small, a, bs[0], bs[1], Operand<float>{});
+      mma_sync(small, a, bs[0], bs[1], Operand<Elem>{});
     }
-    mma_sync(small, as, bw[0], bw[1], Operand<float>{});
+    mma_sync(small, as, bw[0], bw[1], Operand<Elem>{});
     OneProduct::mma_sync_tile<Elem, kFirst>(acc, small, a, as, bw, bs, bias);  // big(w) * big(x)
   }
   // mma.sync: a raw fp32 A fragment into its big and small TF32 parts.

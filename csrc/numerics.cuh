@@ -118,6 +118,14 @@ __host__ __device__ __forceinline__ bool precedes(float a, int ia, float b, int 
   if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
   return a < b || (a == b && ia < ib);
 }
+// One step of a scan in ascending channel order (the pixel-row and row-streaming saving epilogues): (best, channel)
+// becomes (v, c) where v strictly precedes best, smaller or a NaN where best is a number (not (best <= v), best no
+// NaN); a later channel of an equal value never does. Selects, no branch.
+__host__ __device__ __forceinline__ void scan_min(float& best, int& channel, float v, int c) {
+  const bool took = !(best <= v) && best == best;
+  best = took ? v : best;
+  channel = took ? c : channel;
+}
 // (v, i) becomes (w, j) where (w, j) precedes it.
 __host__ __device__ __forceinline__ void keep_min(float& v, int& i, float w, int j) {
   if (precedes(w, j, v, i)) {

@@ -327,12 +327,9 @@ bool fused_kernel_launches(int64_t kernel) {
   return fused_kernel_fits((int)kernel, real_profile(c10::cuda::current_device()));
 }
 
-// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
-// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
-// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
-// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
-std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
-                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
+// Checks a call of one named fused kernel (run_fused_kernel*); returns the GPU it runs on.
+kb25::DeviceProfile check_named_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                       int64_t kernel) {
   check_input(x, weight, bias, casts_input(x, weight));
   TORCH_CHECK_VALUE(kernel >= 0 && kernel < kb25::kFusedKernelCount,
                     "run_fused_kernel expects a kernel code 0.." + num(kb25::kFusedKernelCount - 1) + ", got " +
@@ -346,14 +343,35 @@ std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x,
                         num(x.dim()) + "-D " + dtype_name(x.scalar_type()) + " input on " + x.device().str() +
                         ", " + dtype_name(weight.scalar_type()) + " weights, TF32 convs " +
                         (conv_runs_in_tf32() ? "allowed" : "not allowed"));
-  const c10::cuda::CUDAGuard guard(x.device());
   const kb25::DeviceProfile real = real_profile(x.get_device());
   TORCH_CHECK_VALUE(fused_kernel_fits((int)kernel, real),
                     "run_fused_kernel(" + name + ") needs " + num(fused_kernel_smem_bytes((int)kernel)) +
                         " bytes of shared memory per block and its MMA; got " + profile_str(real));
+  return real;
+}
+
+// One named fused kernel (its index in FUSED_TABLE), for tests and benchmarks: it must compute the weights' precision,
+// take x's dtype (float32 x with 16-bit weights: a kernel that rounds x itself) and launch on this GPU itself (whatever is emulated). A guarded kernel runs with its guard for this GPU,
+// or (with_guard false) alone. Returns the output and the guard buffer: [0] how many images the kernel listed,
+// [1, 1 + N) which (an undefined tensor for an unguarded kernel).
+std::tuple<at::Tensor, at::Tensor> run_fused_kernel_guarded(const at::Tensor& x, const at::Tensor& weight,
+                                                            const at::Tensor& bias, int64_t kernel, bool with_guard) {
+  const kb25::DeviceProfile real = check_named_kernel(x, weight, bias, kernel);
+  const c10::cuda::CUDAGuard guard(x.device());
   const int guard_kernel = with_guard ? choose_guard_kernel((int)kernel, real) : -1;
   auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, guard_kernel, false);
   return {std::get<0>(result), std::get<3>(result)};
+}
+
+// The saving variant of one named fused kernel (tests): the output, each pixel's argmin channel (uint8) and pre-tanh
+// min (float32); a guarded kernel runs with its guard, as ModelNew runs it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_fused_kernel_saving(const at::Tensor& x, const at::Tensor& weight,
+                                                                       const at::Tensor& bias, int64_t kernel) {
+  const kb25::DeviceProfile real = check_named_kernel(x, weight, bias, kernel);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto result = fused_conv3x3_min_tanh2_guarded(x, weight, bias, (int)kernel, choose_guard_kernel((int)kernel, real),
+                                                true);
+  return {std::get<0>(result), std::get<1>(result), std::get<2>(result)};
 }
 
 at::Tensor run_fused_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t kernel) {
@@ -467,7 +485,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                               (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     int blocks = 0;
     const cudaError_t blocks_err =
-        conv3x3_min_tanh2_grad_weight_blocks(N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back

@@ -48,7 +48,8 @@ struct UnscaledOperands {
 // every word but a NaN: the producer makes NaNs quiet first). Tf32x3's multiply (ThreeProducts) splits each operand
 // into big + small (split, split_weight) and keeps the two small products in an accumulator of their own. Where the
 // inputs are split is the mainloop's choice: on the way into shared memory when the MMA reads its operands there
-// (wgmma: two operand copies per slot), or in registers after the fragment load (mma.sync: one raw copy, as TF32 has).
+// (wgmma: two operand copies per slot) or when the slots narrow x (fp16 parts, either MMA), else in registers after
+// the fragment load (mma.sync's 3xTF32: one raw copy, as TF32 has).
 struct Tf32RoundNearest : UnscaledOperands {  // the reference's TF32 conv: both operands rounded to nearest (ties away), one product
   using Elem = float;     // the weights, the bias, the output
   using XElem = float;    // x
@@ -134,9 +135,9 @@ struct Native16FromF32 : Native16<Elem_> {
     }
     return r;
   }
-  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, and
-  // asks at the row's end whether that lists the image, range_lists).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t) { return range; }
+  // Every input has its 16-bit value: nothing is out of range (RowProducer folds what it narrows, range_fold, with the
+  // input words it came from, and asks at the row's end whether that lists the image, range_lists).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t, uint32_t) { return range; }
   __device__ static bool range_lists(uint32_t) { return false; }
 };
 
@@ -184,7 +185,10 @@ struct Tf32OnF16 {
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  static constexpr bool kFastNeedsNoNaN = false;  // a NaN lists its image: what it converts to does not matter
+  // narrow2's carry takes a NaN whose mantissa has its top 11 bits set (CUDA's own NaN, 0x7FFFFFFF, and its negative)
+  // out to a zero, which range_fold does not see: the producer makes every NaN 0x7FC00000 first, which narrows to a NaN
+  // and lists its image.
+  static constexpr bool kFastNeedsNoNaN = true;
   static constexpr bool kGuardsRange = true;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
@@ -192,7 +196,7 @@ struct Tf32OnF16 {
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
   // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees.
+  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees. Not for a NaN (kFastNeedsNoNaN).
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {
@@ -202,7 +206,9 @@ struct Tf32OnF16 {
   }
   // Bit 15 of each half set where its magnitude is 65504 or more (+-inf, NaN too), ORed over a thread's words; the
   // image is listed where either bit is set. No carry crosses the halves (0x7FFF + 0x0401 < 0x10000).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t w) { return range | ((w & 0x7FFF7FFFu) + 0x04010401u); }
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t w, uint32_t, uint32_t) {
+    return range | ((w & 0x7FFF7FFFu) + 0x04010401u);
+  }
   __device__ static bool range_lists(uint32_t range) { return (range & 0x80008000u) != 0; }
   // The largest of the |tf32(w)| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -290,12 +296,16 @@ struct Fp32OnF16x3 {
     if constexpr (kHasFused) asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(r_hi), "f"(r_lo));
     return r;
   }
-  // Over a thread's hi words: the largest magnitude of each half (bits; a NaN's is above every other).
-  __device__ static uint32_t range_fold(uint32_t range, uint32_t h) { return __vmaxu2(range, h & 0x7FFF7FFFu); }
-  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and all below 2^-14.
+  // Over a thread's hi and lo words: the largest magnitude of each half (bits; a NaN's is above every other). A lo is
+  // never larger than its hi, but nonzero where hi rounded a value below 2^-25 to 0 (that value is then counted).
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t h, uint32_t, uint32_t) {
+    return __vmaxu2(range, h & 0x7FFF7FFFu);
+  }
+  // Whether the folded magnitudes list the image: 65504 or more (+-inf, NaN), or nonzero and none above 2^-14 (a lo
+  // under a subnormal hi reaches 2^-14 at most).
   __device__ static bool range_lists(uint32_t range) {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
-    return m >= 0x7BFFu || (m != 0 && m < 0x0400u);
+    return m >= 0x7BFFu || (m != 0 && m <= 0x0400u);
   }
   // The largest of the |w| and the |bias| (find_largest), then 2^s.
   template <int kThreads>
@@ -310,7 +320,8 @@ struct Fp32OnF16x3 {
   // A weight or a bias that is not finite lists every image (3xTF32 carries infinities in its parts), and so does a
   // nonzero weight whose scaled magnitude is below 2^-14 (its hi would be an fp16 subnormal).
   __device__ static bool inexact(float v, float scale) { return !isfinite(v) || (v != 0.f && fabsf(v * scale) < 0x1p-14f); }
-  __device__ static bool inexact_bias(float v, float) { return !isfinite(v); }
+  // The bias starts the accumulators times 2^s: it must come back from that (where s < 0 a tiny bias would lose bits).
+  __device__ static bool inexact_bias(float v, float scale) { return !isfinite(v) || (v * scale) * __frcp_rn(scale) != v; }
   __device__ static float unscale(float m, float inverse_scale) { return m * inverse_scale; }
 };
 

@@ -83,7 +83,8 @@ struct RowProducer {
     for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
-  // with, where x narrows, what it stored folded in (Precision::range_fold; unchanged otherwise).
+  // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
+  // it came from; unchanged otherwise).
   __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
@@ -122,7 +123,7 @@ struct RowProducer {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           q[col][k] = Precision::narrow2(word(raw[2 * k], col), word(raw[2 * k + 1], col));
-          range = Precision::range_fold(range, q[col][k]);
+          range = Precision::range_fold(range, q[col][k], word(raw[2 * k], col), word(raw[2 * k + 1], col));
         }
       }
       store_rotated(dst, q, r);
@@ -130,7 +131,10 @@ struct RowProducer {
 #pragma unroll
         for (int col = 0; col < 4; ++col)
 #pragma unroll
-          for (int k = 0; k < 4; ++k) q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+          for (int k = 0; k < 4; ++k) {
+            q[col][k] = Precision::rest2(word(raw[2 * k], col), word(raw[2 * k + 1], col), q[col][k]);
+            range = Precision::range_fold(range, q[col][k], 0u, 0u);  // lo: nonzero where hi rounded a value to 0
+          }
         store_rotated(dst + Geometry::kCopyBytes, q, r);
       }
       return range;
@@ -188,6 +192,11 @@ struct RowProducer {
   // own item's loads). Returns whether what this thread stored holds an input outside the range of the slots' type
   // (Precision::kGuardsRange; false otherwise).
   __device__ bool store(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y, int col0) const {
+    return out_of_range(store_folded(row, slot, x_img, y, col0));
+  }
+  // The same stores; returns the tag's fold of what this thread stored (Precision::range_fold) itself.
+  __device__ uint32_t store_folded(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y,
+                                   int col0) const {
     uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
@@ -197,8 +206,11 @@ struct RowProducer {
       load_item(raw, kBody + tid, x_img, y, col0);
       range = store_item(quieted(raw), kBody + tid, slot, range);
     }
-    return out_of_range(range);
+    return range;
   }
+  // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
+  // earlier row left there.
+  __device__ bool late_unstored(int col0) const { return !(col0 + (kChunks - 1) * kVec < W); }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
     return false;
@@ -226,6 +238,11 @@ struct RowProducer {
   __device__ static uint32_t quiet_nan(uint32_t v) { return isnan(__uint_as_float(v)) ? 0x7FC00000u : v; }
   // Returns whether an input it stored is out of the slots' range, as store() does.
   __device__ bool copy_by_element(const Elem* __restrict__ x_img, int y, int col0, unsigned char* slot) const {
+    return out_of_range(copy_folded_by_element(x_img, y, col0, slot));
+  }
+  // The same copy; returns the tag's fold of what this thread stored, as store_folded() does.
+  __device__ uint32_t copy_folded_by_element(const Elem* __restrict__ x_img, int y, int col0,
+                                             unsigned char* slot) const {
     uint32_t range = 0;
 #pragma unroll 1
     for (int item = tid; item < kItems; item += kThreads) {
@@ -240,11 +257,15 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
-            range = Precision::range_fold(range, h);
+            const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;
+            const uint32_t h = Precision::narrow2(v, 0) & 0xFFFFu;
+            range = Precision::range_fold(range, h, v, 0u);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
-            if constexpr (Geometry::kSplitInSlot)
-              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)Precision::rest2(e, 0, h);
+            if constexpr (Geometry::kSplitInSlot) {
+              const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;
+              range = Precision::range_fold(range, lo, 0u, 0u);
+              *reinterpret_cast<uint16_t*>(dst + Geometry::kCopyBytes + i * 16 + c * 2) = (uint16_t)lo;
+            }
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
@@ -254,7 +275,7 @@ struct RowProducer {
         }
       }
     }
-    return out_of_range(range);
+    return range;
   }
   // Read once, through L2 only (.cg): the loads do not go through L1, which the wgmma operand reads and the stores
   // to shared memory keep busy (docs/perf-notes.md, "Producer and loads"; the rare element loads keep the

@@ -57,8 +57,8 @@ PRECISIONS = ("tf32", "strict_fp32", "bf16", "fp16")
 # The CUDA source's precision tag of each (precision, operand, input) a kernel has: what the tensor cores multiply,
 # and the dtype x arrives in. TF32 on fp16 operands (Tf32OnF16) is TF32's default kernel, guarded by a TF32 one
 # (Tf32RoundNearest) for inputs beyond fp16; strict fp32 on fp16 hi/lo parts (Fp32OnF16x3, "fp16x3": three products at
-# the fp16 rate) is strict's on sm_90, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as x.to(dtype) does, on
-# the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
+# the fp16 rate) is strict's, guarded by 3xTF32 (Tf32x3). The 16-bit kernels with a float32 input round x as
+# x.to(dtype) does, on the way into shared memory: autocast's call without its cast kernel (conv_min_tanh2_cast_input).
 PRECISION_TAGS = {("tf32", "fp16", "fp32"): "Tf32OnF16", ("tf32", "tf32", "fp32"): "Tf32RoundNearest",
                   ("strict_fp32", "tf32", "fp32"): "Tf32x3", ("strict_fp32", "fp16x3", "fp32"): "Fp32OnF16x3",
                   ("bf16", "bf16", "bf16"): "Native16<__nv_bfloat16>",
@@ -103,14 +103,14 @@ FUSED_TABLE = (
     FusedKernel("sm90_bf16_from_fp32", "wgmma", "bf16", "bf16", "fp32", 256, 2, 4, 8, "handed", 4),
     FusedKernel("sm90_fp16_from_fp32", "wgmma", "fp16", "fp16", "fp32", 256, 2, 4, 8, "handed", 4),
     # mma.sync. Self-fed (no producer warps): two consumer warpgroups, two warps per scheduler, each loading its own
-    # rows; 138.8 KB (TF32) and 126.6 KB (3xTF32): sm_80, sm_90, sm_100. With 99 KB (sm_86, 89, 120): TF32 with a
-    # producer (3 slots, the oldest row released early, 88.1 KB), 3xTF32 self-fed on 64-column tiles (100.4 KB).
-    # 16-bit: self-fed, 70.5 KB, every sm_80+ GPU.
+    # rows. On fp16 operands (TF32, 70.5 KB; strict fp32's hi/lo parts, 89.1 KB), 16-bit (70.5 KB) and the 3xTF32
+    # guard (64-column tiles, 100.4 KB): every sm_80+ GPU. The TF32 guard: 138.8 KB on sm_80, 90, 100; with 99 KB
+    # (sm_86, 89, 120) a producer feeds it (3 slots, the oldest row released early, 88.1 KB).
     FusedKernel("sm80_tf32_f16", "mma_sync", "tf32", "fp16", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32", "mma_sync", "tf32", "tf32", "fp32", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_tf32_99k", "mma_sync", "tf32", "tf32", "fp32", 256, 1, 4, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 128, 2, 0, 3, "inline", 0),
-    FusedKernel("sm80_tf32x3_99k", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_f16x3", "mma_sync", "strict_fp32", "fp16x3", "fp32", 128, 2, 0, 3, "inline", 0),
+    FusedKernel("sm80_tf32x3", "mma_sync", "strict_fp32", "tf32", "fp32", 64, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16", "mma_sync", "bf16", "bf16", "bf16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_fp16", "mma_sync", "fp16", "fp16", "fp16", 256, 2, 0, 3, "inline", 0),
     FusedKernel("sm80_bf16_from_fp32", "mma_sync", "bf16", "bf16", "fp32", 256, 2, 0, 3, "inline", 0),

@@ -13,7 +13,7 @@ CUDA_SOURCE = CPP_SOURCE = ""  # bundled away
 # ------------------------------------------------------------------------------------------------ build at import
 EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
-                       "run_fused_kernel_guarded", "conv_min_tanh2_cast_input",
+                       "run_fused_kernel_guarded", "run_fused_kernel_saving", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
 
 
@@ -433,6 +433,12 @@ def run_fused_kernel(x, weight, bias, name):
     input: float32 x with 16-bit weights for the kernels that round x themselves) and launch on this GPU. A guarded
     kernel (fp32 x on fp16 operands: TF32, strict) runs with its guard."""
     return _ext.run_fused_kernel(x, weight, bias, _fused_code(name))
+
+
+def run_fused_kernel_saving(x, weight, bias, name):
+    """run_fused_kernel's saving variant (tests): (the output, each pixel's argmin channel as uint8, its pre-tanh min
+    as float32)."""
+    return _ext.run_fused_kernel_saving(x, weight, bias, _fused_code(name))
 
 
 def run_guarded_kernel(x, weight, bias, name, with_guard):

@@ -26,8 +26,9 @@ import harness  # noqa: E402
 import reference  # noqa: E402
 
 FULL = (reference.batch_size, reference.in_channels, reference.height, reference.width)
-# Where each saving variant runs: the backend and, for rows that only a GPU of another profile picks, that profile.
-SAVING_ROUTES = {"sm90": ("fused", None), "sm80": ("fused_mma_sync", None), "99k": ("fused_mma_sync", "A10G")}
+# Where each saving variant runs: the backend that picks its row on this GPU. Guards have none (a backend picks the
+# kernel they guard; they recompute listed images only).
+SAVING_ROUTES = {"sm90": "fused", "sm80": "fused_mma_sync"}
 
 
 def load(path, name, extension=None, namespace=None):
@@ -52,7 +53,7 @@ def load(path, name, extension=None, namespace=None):
 
 def route(name):
     for key, value in SAVING_ROUTES.items():
-        if key in name and (key != "sm80" or "99k" not in name):
+        if name.startswith(key):
             return value
     raise ValueError(f"no saving route for {name}")
 
@@ -71,15 +72,12 @@ def items(mod, kernels):
         out[(row.name, "inference")] = (row.precision, inference)
         if getattr(row, "input", row.precision) != row.precision and row.precision in ("bf16", "fp16"):
             continue  # a kernel that rounds float32 x: autocast's inference call only, no saving variant runs
-        backend, profile = route(row.name)
-        code = mod.OP_BACKENDS.index(backend)
+        if row.name in getattr(mod, "GUARD_KERNELS", ()):
+            continue  # no backend picks a guard: its saving variant runs only for the images it recomputes
+        code = mod.OP_BACKENDS.index(route(row.name))
 
-        def saving(x, w, b, code=code, profile=profile):
-            if profile is None:
-                return mod._ext.conv_min_tanh2_with_argmin(x, w, b, code)
-            capability, smem = harness.DEVICE_PROFILES[profile]
-            with mod.emulate_device(capability, smem):
-                return mod._ext.conv_min_tanh2_with_argmin(x, w, b, code)
+        def saving(x, w, b, code=code):
+            return mod._ext.conv_min_tanh2_with_argmin(x, w, b, code)
 
         out[(row.name, "saving")] = (row.precision, saving)
     for precision in ("tf32", "bf16", "fp16"):

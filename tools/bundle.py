@@ -123,9 +123,10 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores.
-extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int64_t N, int H, int W, int num_sms, bool tensor_cores,
-                                                            int* blocks);
+// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
+// elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
+                                                            bool tensor_cores, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,

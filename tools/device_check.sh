@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build, test, bench, disassemble, sanitize, mutate and run KernelBench on a CUDA machine. Logs go to $OUT
 # (default ./device-out).
-# Usage: tools/device_check.sh [pytest|bench|bench-fast|kernelbench|mutants|sass|sanitize|all]...
+# Usage: tools/device_check.sh [smoke|pytest|bench|bench-fast|kernelbench|mutants|sass|sanitize|all]...
+# smoke: tools/kernel_sweep.py on SMOKE_KERNELS under a timeout, before anything else: kernels no GPU has run yet
+# show a hang or a wrong result there in a minute, not in the suite.
 # kernelbench needs KERNELBENCH_DIR (a KernelBench checkout); it and bench write results/<gpu>.json.
 # SANITIZE_CASES (case keys of harness.CASES or backends, e.g. "kernel") limits the sanitizer to those cases.
 # COMMIT names the tree's commit for bench's results where this machine's .git does not hold the tree (bench.py
@@ -20,6 +22,10 @@ status=0
   python3 -c "import time; t = time.perf_counter(); import model_new; assert model_new.extension_available(); \
 print(f'build + import: {time.perf_counter() - t:.1f} s')"; } 2>&1 | tee "$OUT/env.log" || status=1
 
+if want smoke; then
+  timeout "${SMOKE_TIMEOUT:-300}" python3 tools/kernel_sweep.py ${SMOKE_KERNELS:-} --trials 10 2>&1 | tee "$OUT/smoke.log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || status=1
+fi
 if want mutants; then  # in the background beside sass and pytest: it builds two extensions of its own
   python3 tools/mutants.py > "$OUT/mutants.log" 2>&1 &
   mutants_pid=$!

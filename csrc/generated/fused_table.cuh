@@ -19,8 +19,8 @@ using Sm90Fp16FromFp32 = FusedTraits<MmaKind::kWgmma, Native16FromF32<__half>, 2
 using Sm80Tf32F16 = FusedTraits<MmaKind::kMmaSync, Tf32OnF16, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf32 = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Tf3299k = FusedTraits<MmaKind::kMmaSync, Tf32RoundNearest, 256, 1, 4, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
-using Sm80Tf32x399k = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80F16x3 = FusedTraits<MmaKind::kMmaSync, Fp32OnF16x3, 128, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
+using Sm80Tf32x3 = FusedTraits<MmaKind::kMmaSync, Tf32x3, 64, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16 = FusedTraits<MmaKind::kMmaSync, Native16<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Fp16 = FusedTraits<MmaKind::kMmaSync, Native16<__half>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
 using Sm80Bf16FromFp32 = FusedTraits<MmaKind::kMmaSync, Native16FromF32<__nv_bfloat16>, 256, 2, 0, 3, Schedule<WriteSchedule::kInline, 0>>;
@@ -34,7 +34,9 @@ template <>
 inline constexpr bool kRecomputesListed<Sm80Tf32> = true;
 template <>
 inline constexpr bool kRecomputesListed<Sm80Tf3299k> = true;
+template <>
+inline constexpr bool kRecomputesListed<Sm80Tf32x3> = true;
 
 }  // namespace kb25
 
-#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80Tf32x3) X(Sm80Tf32x399k) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)
+#define KB25_FUSED_KERNELS(X) X(Sm90Tf32F16) X(Sm90Tf32) X(Sm90F16x3) X(Sm90Tf32x3) X(Sm90Bf16) X(Sm90Fp16) X(Sm90Bf16FromFp32) X(Sm90Fp16FromFp32) X(Sm80Tf32F16) X(Sm80Tf32) X(Sm80Tf3299k) X(Sm80F16x3) X(Sm80Tf32x3) X(Sm80Bf16) X(Sm80Fp16) X(Sm80Bf16FromFp32) X(Sm80Fp16FromFp32)

@@ -1,0 +1,356 @@
+// dW and db for float32 x (TF32) on the fp16 tensor cores, fed by the forward's producer and row ring.
+#pragma once
+
+#include "backward.cuh"
+#include "producer.cuh"
+#include "ring.cuh"
+
+namespace kb25 {
+
+// The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
+// exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
+// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
+// (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
+// fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
+// their TF32 value (truncated), under 2^-14 of its largest.
+struct Tf32OnF16Walked : Tf32OnF16 {
+  static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
+  static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10
+  __device__ static uint32_t range_fold(uint32_t range, uint32_t, uint32_t lo, uint32_t hi) {
+    return max(range, max(lo & 0x7FFFFFFFu, hi & 0x7FFFFFFFu));
+  }
+  // A largest |x| (of a thread's share, or of a row) that walks.
+  __device__ static bool range_lists(uint32_t largest) {
+    return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
+  }
+};
+
+// dW^T for one input row offset i: D[c][k] = sum over pixels p of x[c, p + (i, j)] * G[p][k], G the one-hot (pixels x
+// k) matrix that holds gm at (p, k(p)). mma.sync m16n8k16: A = x^T (16 channels x 16 pixels of one tap, by
+// ldmatrix.trans from the slot, whose layout is the forward's), B = G's 16 pixels x one block of 8 k, built in
+// registers from the step's pixel record; only the blocks a chunk of 16 pixels holds are multiplied. One-hot in N
+// uses an eighth of each MMA (in M, as the smem-tile kernel has it, a sixteenth), and B is built once for all three
+// taps of a warp.
+//
+// A CTA is kProducerWarps warps that run the forward's RowProducer over the CTA's steps (each step one output row
+// segment of 256 columns, consecutive steps down a column strip, so each input row is loaded once a strip), and
+// kConsumerWarps warps that sum: warp i < 3 owns input row offset i (all 16 channels, the three j, all 64 k: 8 blocks x 3
+// taps of m16n8 accumulators), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers
+// a slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
+// pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k, what
+// hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does), and each
+// chunk's mask of the 8-k blocks it holds (a walked step reads gm's parts from global memory). gm's scale is
+// GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
+// db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
+// masked to its k: one accumulator, sum of (hi + lo * 2^-11) a k, two MMAs a chunk and block.
+struct GradWeightFed : GradGeometry {
+  using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
+  static constexpr int kCols = Geometry::kTileCols;
+  static constexpr int kProducerWarps = 2, kProducerThreads = 32 * kProducerWarps;
+  static constexpr int kRowWarps = kKsize;                   // warp i sums input row offset i
+  static constexpr int kConsumerWarps = kRowWarps + 1;       // and one the bias
+  static constexpr int kConsumerThreads = 32 * kConsumerWarps;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  static constexpr int kMinBlocks = 2;
+  using Producer = RowProducer<Geometry, kProducerThreads>;
+  static constexpr int kChunk = 16, kChunks = kCols / kChunk;
+  static constexpr int kKBlocks = kCout / 8;
+  static constexpr int kPixelsPerThread = kCols / kProducerThreads;
+  static constexpr int kPartial = GradWeight::kPartial;
+  // A slot: the input row in the forward's layout, then the pixel record of the step whose newest row it is, then
+  // the row's walk word.
+  static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
+  static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
+  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
+  // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
+  static constexpr int kWalkOffset = kMaskOffset + kChunks;
+  static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
+  static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
+  static constexpr int kSlots = 4;  // the 3-row window and the row being stored
+  using Ring = RowRing<kSlots, kSlotBytes>;
+  static constexpr int kRingBytes = kSlots * kSlotBytes;
+  static constexpr int kSumBytes = kCout * kPartial * 4;
+  static constexpr int kPoisonBytes = kPartial * 8;
+  static constexpr int kBarrierOffset = kRingBytes + kSumBytes + kPoisonBytes;
+  static constexpr int kSmemBytes = kBarrierOffset + kSlots * 16 + 16;  // the ring's mbarriers, the scale's word
+  static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
+  static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
+  static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
+  static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp a round");
+  static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
+  static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
+  static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
+  static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
+};
+
+template <class Elem>
+__global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBlocks)
+    conv3x3_min_tanh2_grad_weight_fed_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                                             const float* __restrict__ pre_min,
+                                             const unsigned char* __restrict__ argmin, float* __restrict__ partial,
+                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
+                                             int64_t total_steps) {
+  static_assert(std::is_same_v<Elem, float>, "float32 x: the TF32 carrier's producer");
+  if constexpr (kHasFused) {
+    using G = GradWeightFed;
+    extern __shared__ __align__(128) unsigned char smem[];
+    float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: walked steps, then all
+    uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
+    uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
+    uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
+    const typename G::Ring ring{smem, bars};
+    const auto walk_words = [](const unsigned char* slot) {
+      return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
+    };
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    const auto row_walks = [&](const unsigned char* slot) {
+      uint32_t bits = 0;
+#pragma unroll
+      for (int w = 0; w < G::kProducerWarps; ++w) bits |= walk_words(slot)[w];
+      return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));
+    };
+    // The ring zeroed (the walk words among it): the slots' columns past the input rows are read, times B's zeros,
+    // by the taps of pixels past the row; they must hold no infinity or NaN.
+    for (int i = threadIdx.x; i < G::kRingBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
+    for (int i = threadIdx.x; i < G::kPartial; i += blockDim.x) poison[i] = 0;
+    if (threadIdx.x == 0) {
+      G::Ring::init(bars, G::kProducerThreads, G::kConsumerThreads);
+      *scale_max = 0;
+    }
+    __syncthreads();
+    const int scale = GradWeightMma::call_scale(maxima, scale_blocks, scale_max);
+    const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
+    const int col_blocks = (OW + G::kCols - 1) / G::kCols;
+    int64_t begin, end;
+    step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
+    const int lane = threadIdx.x & 31;
+
+    if (threadIdx.x < G::kProducerThreads) {
+      // The producer: each row of the CTA's steps (RowCursor) into its slot by the forward's RowProducer; with a
+      // step's newest row, the step's pixel record.
+      const int ptid = threadIdx.x, warp = ptid >> 5;
+      const float up = GradWeightMma::pow2(scale);
+      const typename G::Producer producer(x, H, W, ptid);
+      typename G::Producer::Row row;
+      RowCursor ahead(begin, end, OH, col_blocks);
+      for (uint32_t row_no = 0; ahead.valid(); ++row_no) {
+        const StepWalker at = ahead.at;
+        const bool record = ahead.r + 1 == ahead.count();  // the step's newest row
+        const float* const x_img = x + at.n * G::kCin * ((int64_t)H * W);
+        const int y = ahead.y(), col0 = at.cb * G::kCols;
+        ahead.next();
+        if (producer.vec16) producer.load(row, x_img, y, col0);
+        // This thread's pixels of the step (ptid + kProducerThreads u), in flight across the slot wait.
+        float gv[G::kPixelsPerThread], mv[G::kPixelsPerThread];
+        int kv[G::kPixelsPerThread];
+        if (record) {
+          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW;
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            const int ox = col0 + ptid + G::kProducerThreads * u;
+            kv[u] = -1;
+            gv[u] = mv[u] = 0.f;
+            if (ox < OW) {
+              gv[u] = g[out_row + ox];
+              mv[u] = pre_min[out_row + ox];
+              kv[u] = argmin[out_row + ox];
+            }
+          }
+        }
+        ring.acquire(row_no);
+        unsigned char* const slot = ring.slot(row_no);
+        if (producer.vec16) {
+          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
+          // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
+#pragma unroll
+          for (int k = 0; k < G::Producer::kMine; ++k) {
+            int grp, chunk;
+            G::Producer::place(ptid + k * G::kProducerThreads, grp, chunk);
+            if (col0 + G::Producer::kVec * chunk >= W) {
+#pragma unroll
+              for (int c = 0; c < G::Producer::kChannels; ++c) row.raw[k][c] = make_uint4(0, 0, 0, 0);
+            }
+          }
+        }
+        const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
+                                                         : producer.copy_folded_by_element(x_img, y, col0, slot));
+        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+          // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
+          // zeroed rather than left to an earlier row's infinities.
+          unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +
+                                      (G::Producer::kChunks - 1) * G::Producer::kVec * 16;
+#pragma unroll
+          for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (lane == 0) {
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+                                   (largest != 0 ? G::kNonzeroBit : 0u);
+        }
+        if (record) {
+          uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
+          uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
+          unsigned char* const masks = slot + G::kMaskOffset;
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            const int p = ptid + G::kProducerThreads * u;
+            const int k = kv[u];
+            const float gm = k >= 0 ? min_grad(gv[u], mv[u]) : 0.f;
+            const float scaled = gm * up;
+            uint32_t hi, small;
+            GradWeightMma::split_gm(scaled, hi, small);
+            hk[p] = k >= 0 ? hi | (uint32_t)k << 16 : 0xFFFF0000u;
+            lo[p] = (uint16_t)(k >= 0 ? small : 0u);
+            // lanes 0-15 hold chunk p / 16 of lane 0, lanes 16-31 the next
+            const uint32_t bit = k >= 0 ? 1u << (k >> 3) : 0u;
+            const uint32_t first = warp_or(lane < 16 ? bit : 0u), second = warp_or(lane < 16 ? 0u : bit);
+            if (lane == 0) {
+              const int chunk = (G::kProducerThreads * u + 32 * warp) / G::kChunk;
+              masks[chunk] = (unsigned char)first;
+              masks[chunk + 1] = (unsigned char)second;
+            }
+          }
+        }
+        ring.commit(row_no);
+      }
+    } else {
+      // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).
+      const int cw = (threadIdx.x - G::kProducerThreads) >> 5;  // 0..2: input row offset; 3: the bias
+      const int gq = lane >> 2, tq = lane & 3;
+      float acc[G::kKBlocks][G::kKsize][4];  // row warps: [8-k block][j][m16n8]; the bias warp: [block][0]
+#pragma unroll
+      for (int kb = 0; kb < G::kKBlocks; ++kb)
+#pragma unroll
+        for (int j = 0; j < G::kKsize; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[kb][j][r] = 0.f;
+      // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
+      // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
+      const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
+      uint64_t poisoned[2] = {0, 0};
+      const auto entry_of = [&](int q) {
+        const int idx = lane + 32 * q;
+        return cw < G::kRowWarps ? (idx / G::kKsize) * G::kTaps + cw * G::kKsize + idx % G::kKsize : (int)G::kEntries;
+      };
+      // ldmatrix rows of this lane for A: matrix m = lane / 8 (0: channels 0-7, pixels 0-7; 1: channels 8-15,
+      // pixels 0-7; 2, 3: pixels 8-15), its row lane % 8 a pixel (a column of the slot), 16 bytes of one group.
+      const int a_pixel = (lane & 7) + 8 * (lane >> 4), a_group = (lane >> 3) & 1;
+      StepWalker at(begin, OH, col_blocks);
+      uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      for (int64_t step = begin; step < end; ++step, at.advance()) {
+        const int fresh = RowCursor::new_rows(step == begin || at.oy == 0);
+        for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
+        const unsigned char* const newest = ring.slot(rows - 1);
+        const uint32_t* const hk = reinterpret_cast<const uint32_t*>(newest + G::kHkOffset);
+        const int col0 = at.cb * G::kCols, count = min(G::kCols, OW - col0);
+        bool walk = false;
+#pragma unroll
+        for (int i = 1; i <= G::kKsize; ++i) walk |= row_walks(ring.slot(rows - i));
+        if (walk) {
+          // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
+          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            if (q >= walk_entries) break;
+            const int e = entry_of(q);
+            const bool is_bias = e == G::kEntries;
+            const int c = e / G::kTaps, j = e % G::kKsize;
+            const float* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
+#pragma unroll 1
+            for (int t = 0; t < count; ++t) {
+              const int kk = (int)(hk[t] >> 16);
+              const float xv = is_bias ? 1.f : xr[t];
+              const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
+              sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
+              if (!isfinite(xv)) poisoned[q] |= ~(1ull << kk);
+            }
+          }
+        } else if (cw < G::kRowWarps) {
+          const unsigned char* const masks = newest + G::kMaskOffset;
+          const uint32_t a_base = smem_u32(ring.slot(rows - 3 + cw)) + a_group * G::Geometry::kGroupBytes + a_pixel * 16;
+#pragma unroll 2
+          for (int c = 0; c * G::kChunk < count; ++c) {
+            const uint32_t mask = masks[c];
+            uint32_t xa[G::kKsize][4];
+#pragma unroll
+            for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
+            // pixels 2t, 2t + 1 and 2t + 8, 2t + 9 of the chunk: B's k rows of this lane
+            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+#pragma unroll
+            for (int kb = 0; kb < G::kKBlocks; ++kb) {
+              if (!((mask >> kb) & 1u)) continue;
+              const uint32_t target = 8 * kb + gq;  // B's column gq: k = 8 kb + gq
+              const uint32_t b0 = __byte_perm(k0 == target ? w01.x : 0u, k1 == target ? w01.y : 0u, 0x5410);
+              const uint32_t b1 = __byte_perm(k8 == target ? w89.x : 0u, k9 == target ? w89.y : 0u, 0x5410);
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});
+            }
+          }
+        } else {
+          // db: k columns 0-7 of A ones and 8-15 2^-11; B's k rows 2t, 2t + 1 the hi of pixels 2t, 2t + 1 (first MMA;
+          // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but at its pixel's k.
+          const unsigned char* const masks = newest + G::kMaskOffset;
+          const uint16_t* const lo = reinterpret_cast<const uint16_t*>(newest + G::kLoOffset);
+          const uint32_t a[4] = {G::kOnes, G::kOnes, G::kSmall, G::kSmall};
+#pragma unroll 2
+          for (int c = 0; c * G::kChunk < count; ++c) {
+            const uint32_t mask = masks[c];
+            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+            const uint32_t l01 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq);
+            const uint32_t l89 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq + 8);
+            const uint32_t h01 = __byte_perm(w01.x, w01.y, 0x5410), h89 = __byte_perm(w89.x, w89.y, 0x5410);
+            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+#pragma unroll
+            for (int kb = 0; kb < G::kKBlocks; ++kb) {
+              if (!((mask >> kb) & 1u)) continue;
+              const uint32_t target = 8 * kb + gq;
+              const uint32_t m01 = (k0 == target ? 0x0000FFFFu : 0u) | (k1 == target ? 0xFFFF0000u : 0u);
+              const uint32_t m89 = (k8 == target ? 0x0000FFFFu : 0u) | (k9 == target ? 0xFFFF0000u : 0u);
+              mma_sync(acc[kb][0], a, h01 & m01, l01 & m01, Operand<__half>{});
+              mma_sync(acc[kb][0], a, h89 & m89, l89 & m89, Operand<__half>{});
+            }
+          }
+        }
+        ring.release(rows - 3);
+        if (step + 1 == end || at.oy + 1 == OH) {  // the next step starts a new window
+          ring.release(rows - 2);
+          ring.release(rows - 1);
+        }
+      }
+      // Into the CTA's partial, unscaled, on top of the walked steps' sums (another lane of this warp walked each
+      // entry: the warp's lanes meet first). Row warps: acc[kb][j] row c = gq (+ 8), column k = 8 kb + 2 tq (+ 1),
+      // entry (c, cw, j); the bias warp: row 0 (lanes 0-3) of each block.
+      __syncwarp();
+      const float down = GradWeightMma::pow2(-scale);
+#pragma unroll
+      for (int kb = 0; kb < G::kKBlocks; ++kb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int k = 8 * kb + 2 * tq + (r & 1);
+          if (cw < G::kRowWarps) {
+            const int c = gq + 8 * (r >> 1);
+#pragma unroll
+            for (int j = 0; j < G::kKsize; ++j) {
+              sums[k * G::kPartial + c * G::kTaps + cw * G::kKsize + j] += acc[kb][j][r] * down;
+            }
+          } else if (gq == 0 && r < 2) {
+            sums[k * G::kPartial + G::kEntries] += acc[kb][0][r] * down;
+          }
+        }
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (q < walk_entries) poison[entry_of(q)] = poisoned[q];
+    }
+    __syncthreads();
+    write_partial(sums, threadIdx.x < G::kPartial ? poison[threadIdx.x] : 0, threadIdx.x, partial);
+  } else {
+    __trap();  // compiled for an arch without mma.sync on fp16 or mbarriers: the launcher never picks it there
+  }
+}
+
+}  // namespace kb25

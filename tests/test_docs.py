@@ -10,7 +10,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-RESULTS_JSON = ROOT / "results" / "h200.json"
 BLOCK_NAMES = ("results-table", "speed-of-light")
 # A commit id as it appears in prose: 7-40 lowercase hex digits, at least one digit and one letter, a whole word.
 COMMIT_ID = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
@@ -40,13 +39,21 @@ def _tracked_and_untracked():
     return [line for line in out.splitlines() if line and (ROOT / line).exists()]  # a deletion counts before its commit
 
 
+def test_results_hold_one_run():
+    """results/ holds the current run only: one results/<gpu>.json, its chart beside it."""
+    runs = sorted((ROOT / "results").glob("*.json"))
+    assert len(runs) == 1, f"one results/<gpu>.json expected, got {[r.name for r in runs]}"
+    assert runs[0].with_suffix(".png").exists(), f"{runs[0].name}'s chart {runs[0].stem}.png is missing"
+
+
 def test_readme_blocks_are_what_the_results_give():
-    rendered = _readme_table().render(json.loads(RESULTS_JSON.read_text(encoding="utf-8")))
+    results = _readme_table().current_results(ROOT)
+    rendered = _readme_table().render(json.loads(results.read_text(encoding="utf-8")))
     assert set(rendered) == set(BLOCK_NAMES)
     current = _blocks(README.read_text(encoding="utf-8"))
     for name in BLOCK_NAMES:
         assert current[name] == rendered[name], (
-            f"README.md's {name} block is not what results/h200.json gives: run python tools/readme_table.py")
+            f"README.md's {name} block is not what {results.name} gives: run python tools/readme_table.py")
 
 
 def test_readme_is_short():

@@ -1,6 +1,6 @@
 """Write the README's generated blocks from a bench.py results file.
 
-    python tools/readme_table.py                   # rewrite the blocks of README.md from results/h200.json
+    python tools/readme_table.py                   # rewrite the blocks of README.md from results/<gpu>.json
     python tools/readme_table.py --check           # exit 1 if README.md's blocks are not what this would write
     python tools/readme_table.py --json results/h200.json --readme README.md --commit 1a2b3c4
 
@@ -299,9 +299,18 @@ def load_result(path):
     return result
 
 
+def current_results(root=ROOT):
+    """results/<gpu>.json: bench.py's one current run (results/ keeps no other; git keeps the earlier ones)."""
+    found = sorted((Path(root) / "results").glob("*.json"))
+    if len(found) != 1:
+        raise BadInput(f"one results/<gpu>.json expected (the current run), got {len(found)}: "
+                       f"{[f.name for f in found]}")
+    return found[0]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default=str(ROOT / "results" / "h200.json"), help="bench.py's results file")
+    p.add_argument("--json", default=None, help="bench.py's results file (default: the one results/<gpu>.json)")
     p.add_argument("--readme", default=str(ROOT / "README.md"))
     p.add_argument("--commit", default=None,
                    help="the commit the results were measured at, where the JSON has no \"commit\" key (the "
@@ -311,6 +320,8 @@ def main(argv=None):
     try:
         if args.commit is not None and not re.fullmatch(r"[0-9a-f]{7,40}", args.commit):
             raise BadInput(f"--commit expects 7-40 lowercase hex digits, got {args.commit!r}")
+        if args.json is None:
+            args.json = str(current_results())
         result = load_result(args.json)
         if args.commit:
             result = {**result, "commit": args.commit}

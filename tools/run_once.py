@@ -1,8 +1,10 @@
 """Run one case of harness.CASES on the full problem, for a profiler to catch (no timing here). A precision name
-alone means ModelNew's own choice in that precision.
+alone means ModelNew's own choice in that precision; grad_weight and grad_input run that part of the fused backward
+in TF32 (after one saving forward), and print how the argmins spread over the channels.
 
     ncu -k regex:conv3x3_min_tanh2_kernel --launch-skip 1 --launch-count 1 python3 tools/run_once.py bf16
     ncu ... python3 tools/run_once.py kernel-sm80_bf16
+    ncu -k regex:grad_weight --launch-skip 1 --launch-count 1 python3 tools/run_once.py grad_weight
 """
 import os
 import sys
@@ -14,8 +16,30 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 
 
+# The backward op's (need dX, need dW, need db) for each backward key.
+BACKWARD = {"grad_weight": (False, True, True), "grad_input": (True, False, False)}
+
+
+def run_backward(key):
+    import model_new
+
+    torch.backends.cudnn.allow_tf32 = True
+    _, new = harness.make_models(0, device="cuda")
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    x = harness.make_input(device="cuda")
+    with torch.no_grad():
+        out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, model_new.OP_BACKENDS.index("auto"))
+        g = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(1), device="cuda")
+        counts = torch.bincount(argmin.flatten().long(), minlength=w.shape[0])
+        for _ in range(2):  # profile the second
+            torch.ops.kb25.conv_min_tanh2_backward(g, x, w, argmin, pre_min, *BACKWARD[key])
+    torch.cuda.synchronize()
+    print(f"{key}: ran; the most frequent argmin channel holds {counts.max().item() / argmin.numel():.1%} of the "
+          f"pixels, {int((counts > 0).sum())} channels hold any")
+
+
 def main():
-    keys = list(harness.PRECISIONS) + list(harness.CASES)
+    keys = list(harness.PRECISIONS) + list(harness.CASES) + list(BACKWARD)
     if len(sys.argv) != 2 or sys.argv[1] not in keys:
         print(f"usage: run_once.py {{{','.join(keys)}}}, got {sys.argv[1:]}")
         return 2
@@ -23,6 +47,9 @@ def main():
         print("run_once.py needs a CUDA GPU; none is available here")
         return 2
     key = sys.argv[1]
+    if key in BACKWARD:
+        run_backward(key)
+        return 0
     case = harness.Case(key, "auto", key, None) if key in harness.PRECISIONS else harness.CASES[key]
     _, fn = harness.case_model(case)
     x = harness.make_input(device="cuda").to(harness.PRECISIONS[case.precision].dtype)

@@ -2,7 +2,7 @@
 eval_kernel_against_ref (5 correctness trials, 100 timed trials, CUDA events, L2 flushed) and
 measure_ref_program_time for the reference in eager mode and under torch.compile, in fp32, bf16 and fp16.
 
-    KERNELBENCH_DIR=/path/to/KernelBench python3 tools/kernelbench_eval.py [--output results/h200.json]
+    KERNELBENCH_DIR=/path/to/KernelBench python3 tools/kernelbench_eval.py [--output results/<gpu>.json]
 
 KERNELBENCH_DIR is a checkout of ScalingIntelligence/KernelBench; its src/ and the problem file
 KernelBench/level2/25_Conv2d_Min_Tanh_Tanh.py are used. KernelBench's Python dependencies must be importable

@@ -2,7 +2,7 @@
 
     python tools/readme_table.py                   # rewrite the blocks of README.md from results/<gpu>.json
     python tools/readme_table.py --check           # exit 1 if README.md's blocks are not what this would write
-    python tools/readme_table.py --json results/h200.json --readme README.md --commit 1a2b3c4
+    python tools/readme_table.py --json results/h100.json --readme README.md --commit 1a2b3c4
 
 Two blocks, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`:
   results-table   eager / torch.compile (max-autotune) / ModelNew / speedup / KernelBench per precision and the
@@ -47,6 +47,9 @@ RATES = {
         "fp16": (767.0, "bf16's GEMM rate; fp16 has the same peak"),
     },
 }
+# The H100 SXM has the H200's SMs (132) and clocks (1,980 MHz) and a smaller, slower memory: its compute rates are
+# taken as the H200's, labelled so; its copy rate is not (not measured).
+RATES["H100"] = {k: (v, f"the H200's: {what}") for k, (v, what) in RATES["H200"].items()}
 COPY_TB_S = {"H200": 4.13}
 
 # Rows of the results table: (label, where its eager / compile / ModelNew times live, KernelBench precision).
@@ -138,7 +141,7 @@ def render_results_table(result):
     if _get(result, "date"):
         facts.append(str(_get(result, "date")))
     if _get(result, "commit"):
-        facts.append(f"commit {_get(result, 'commit')}")
+        facts.append(f"commit {str(_get(result, 'commit'))[:7]}")  # git's short form
     trials = _get(result, "trials")
     kb_trials = _get(result, "kernelbench", "fp32", "runtime_stats", "num_trials")
     timing = f"median of {trials} trials" if trials else "median"

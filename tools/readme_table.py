@@ -47,9 +47,10 @@ RATES = {
         "fp16": (767.0, "bf16's GEMM rate; fp16 has the same peak"),
     },
 }
-# The H100 SXM has the H200's SMs (132) and clocks (1,980 MHz) and a smaller, slower memory: its compute rates are
-# taken as the H200's, labelled so; its copy rate is not (not measured).
-RATES["H100"] = {k: (v, f"the H200's: {what}") for k, (v, what) in RATES["H200"].items()}
+# GPUs whose GEMM rates were not measured, and the GPU whose measured rates stand in, named so in the table: the H100
+# SXM has the H200's SMs (132) and clocks (1,980 MHz), so the same compute peak; an assumption, not a measurement.
+# Its memory differs, so no copy rate stands in.
+RATE_STAND_INS = {"H100 80GB HBM3": "H200"}
 COPY_TB_S = {"H200": 4.13}
 
 # Rows of the results table: (label, where its eager / compile / ModelNew times live, KernelBench precision).
@@ -153,9 +154,11 @@ def render_results_table(result):
 
 def render_speed_of_light(result):
     shape = _shape(result)
-    gpu = _gpu_key(result, RATES)
-    rates = RATES.get(gpu, {})
+    gpu = _gpu_key(result, {**RATES, **RATE_STAND_INS})
+    source = RATE_STAND_INS.get(gpu, gpu)
+    rates = RATES.get(source, {})
     copy_rate = COPY_TB_S.get(gpu)
+    rated_on = "this GPU" if source == gpu else f"the {source}"
     if shape is None:
         return f"No problem shape in the results (expected \"shape\": [N, C, H, W], got {_get(result, 'shape')!r})."
     n, c, h, w = shape
@@ -165,7 +168,7 @@ def render_speed_of_light(result):
     lines = [f"Work: {flop / 1e9:.1f} GFLOP (2 × {n * oh * ow:,} output pixels × {OUT_CHANNELS} channels × "
              f"K = {c * KERNEL * KERNEL}) in every precision. Minimum traffic: the input once, the output once.", "",
              "| precision | fused kernel | minimum traffic | ModelNew ms | achieved TFLOP/s | measured rate on "
-             "this GPU, TFLOP/s | fraction of that rate | DRAM bandwidth used |",
+             f"{rated_on}, TFLOP/s | fraction of that rate | DRAM bandwidth used |",
              "|---|---|---:|---:|---:|---|---:|---:|"]
     for label, precision, _ in PRECISION_ROWS:
         _, _, new = _times(result, precision)

@@ -56,6 +56,19 @@ def test_readme_blocks_are_what_the_results_give():
             f"README.md's {name} block is not what {results.name} gives: run python tools/readme_table.py")
 
 
+def test_speed_of_light_names_where_its_rates_were_measured():
+    """The H200's measured rates; the H100 SXM (same SMs and clocks) borrows them, saying so; another H100 gets none."""
+    table = _readme_table()
+    result = json.loads(table.current_results(ROOT).read_text(encoding="utf-8"))
+    header = {}
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"):
+        text = table.render_speed_of_light({**result, "device": device})
+        header[device] = next(line for line in text.splitlines() if line.startswith("| precision"))
+        assert ("767.0" in text) == (device != "NVIDIA H100 PCIe"), device
+    assert "measured rate on this GPU" in header["NVIDIA H200"]
+    assert "measured rate on the H200" in header["NVIDIA H100 80GB HBM3"]
+
+
 def test_readme_is_short():
     data = README.read_bytes()
     lines = data.decode("utf-8").count("\n")

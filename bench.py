@@ -472,8 +472,8 @@ def bench_training_kernels(args, init, shape):
         kernels = {
             "inference_forward": lambda: model_new.conv_min_tanh2(x, w, b, auto),
             "saving_forward": lambda: model_new.conv_min_tanh2_with_argmin(x, w, b, auto),
-            "grad_weight": lambda: backward(g, x, w, argmin, pre_min, False, True, True),
-            "grad_input": lambda: backward(g, x, w, argmin, pre_min, True, False, False),
+            "grad_weight": lambda: backward(g, x, w, argmin, pre_min, *harness.BACKWARD_PARTS["grad_weight"]),
+            "grad_input": lambda: backward(g, x, w, argmin, pre_min, *harness.BACKWARD_PARTS["grad_input"]),
         }
         out_ms = {name: statistics.median(harness.time_cuda(fn, trials=args.trials, warmup=args.warmup))
                   for name, fn in kernels.items()}

@@ -300,6 +300,10 @@ def measure_host_us(model):
         return {name: host_us_per_call(fn) for name, fn in calls.items()}
 
 
+# The fused backward op's (need dX, need dW, need db) for each part a training step's kernels time on its own.
+BACKWARD_PARTS = {"grad_weight": (False, True, True), "grad_input": (True, False, False)}
+
+
 def time_cuda(fn, trials=25, warmup=3, before=None):
     """Per-trial device times in ms (CUDA events), with an L2 flush (a GPU write of a buffer twice the L2) queued
     before each trial; `before` replaces that flush with another untimed step."""

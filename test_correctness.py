@@ -967,7 +967,7 @@ def _torch_headers_build(archs, directory):
 # One nvcc run for every arch (the host code, torch's headers the most of it, compiled once); where it fails, each
 # arch again alone, so that each test reports its own.
 TORCH_HEADERS = builds.PerArch(BUILDS, "torch-headers", _torch_headers_build, timeout=900)
-NEWER_GPU_ARCHS = ["86", "100", "120"]  # the GPUs the H200 only stands in for, one per generation
+NEWER_GPU_ARCHS = ["86", "100", "120"]  # the GPUs only emulated on the GPU at hand, one per generation
 
 
 @pytest.mark.parametrize("arch", NEWER_GPU_ARCHS)

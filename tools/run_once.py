@@ -16,10 +16,6 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 
 
-# The backward op's (need dX, need dW, need db) for each backward key.
-BACKWARD = {"grad_weight": (False, True, True), "grad_input": (True, False, False)}
-
-
 def run_backward(key):
     import model_new
 
@@ -32,14 +28,14 @@ def run_backward(key):
         g = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(1), device="cuda")
         counts = torch.bincount(argmin.flatten().long(), minlength=w.shape[0])
         for _ in range(2):  # profile the second
-            torch.ops.kb25.conv_min_tanh2_backward(g, x, w, argmin, pre_min, *BACKWARD[key])
+            torch.ops.kb25.conv_min_tanh2_backward(g, x, w, argmin, pre_min, *harness.BACKWARD_PARTS[key])
     torch.cuda.synchronize()
     print(f"{key}: ran; the most frequent argmin channel holds {counts.max().item() / argmin.numel():.1%} of the "
           f"pixels, {int((counts > 0).sum())} channels hold any")
 
 
 def main():
-    keys = list(harness.PRECISIONS) + list(harness.CASES) + list(BACKWARD)
+    keys = list(harness.PRECISIONS) + list(harness.CASES) + list(harness.BACKWARD_PARTS)
     if len(sys.argv) != 2 or sys.argv[1] not in keys:
         print(f"usage: run_once.py {{{','.join(keys)}}}, got {sys.argv[1:]}")
         return 2
@@ -47,7 +43,7 @@ def main():
         print("run_once.py needs a CUDA GPU; none is available here")
         return 2
     key = sys.argv[1]
-    if key in BACKWARD:
+    if key in harness.BACKWARD_PARTS:
         run_backward(key)
         return 0
     case = harness.Case(key, "auto", key, None) if key in harness.PRECISIONS else harness.CASES[key]

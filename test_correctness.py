@@ -2171,6 +2171,34 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
 
 
 @needs_cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset"])
+def test_training_weight_gradient_scale_sees_every_element_of_g(precision, aligned, tf32_default):
+    """The tensor cores' operand scale comes from the largest |g|. One element of g 2^20 above the rest, at each
+    position of a 16-byte word (and in the tail past the last whole word), in g 16-byte aligned and one element off:
+    an element the scale's pass skips would overflow fp16 once scaled, and dW would not be finite."""
+    new, x, g, _ = _train_setup("A100", precision, (2, 16, 21, 37), seed=68)  # 2 * 19 * 35 pixels: a tail of 2
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated("A100"):
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        backward = torch.ops.kb25.conv_min_tanh2_backward
+        for at in list(range(8)) + [g.numel() - 1]:
+            spiked = g.clone()
+            spiked.view(-1)[at] = 2.0**20
+            if not aligned:
+                holder = torch.empty(g.numel() + 1, dtype=g.dtype, device=g.device)
+                holder[1:] = spiked.view(-1)
+                spiked = holder[1:].view(g.shape)
+            assert (spiked.data_ptr() % 16 == 0) == aligned
+            _, dw, db = backward(spiked, x, w, argmin, pre_min, False, True, True)
+            want = harness.routed_float64_grads(x, w, argmin, pre_min, spiked)
+            assert torch.isfinite(dw).all() and torch.isfinite(db).all(), (at, "not finite")
+            tol = TF32_WEIGHT_GRAD_TOL if precision == "tf32" else ROUTED_TOL[precision]
+            assert harness.relative_error(dw, want[1]) <= tol, (at, "dw")
+            assert harness.relative_error(db, want[2]) <= ROUTED_TOL[precision], (at, "db")
+
+
+@needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image", "dust_x"])
 @pytest.mark.parametrize("width", [150, 152], ids=["by_element", "aligned"])

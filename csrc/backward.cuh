@@ -460,10 +460,38 @@ __global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const
                                                                           uint32_t* __restrict__ maxima) {
   __shared__ uint32_t warp_max[8];
   uint32_t m = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    const float v = fabsf(convert<float>(g[i]));
+  const auto take = [&m](float v) {
+    v = fabsf(v);
     if (isfinite(v)) m = max(m, __float_as_uint(v));
+  };
+  // The elements of one 32-bit word of g.
+  const auto take_word = [&take](uint32_t w) {
+    if constexpr (std::is_same_v<Elem, float>) {
+      take(__uint_as_float(w));
+    } else if constexpr (std::is_same_v<Elem, __half>) {
+      take(__half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu))));
+      take(__half2float(__ushort_as_half((unsigned short)(w >> 16))));
+    } else {  // bf16: the high half of an fp32 word
+      take(__uint_as_float(w << 16));
+      take(__uint_as_float(w & 0xFFFF0000u));
+    }
+  };
+  const int64_t threads = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t scalar_from = 0;
+  if ((reinterpret_cast<uintptr_t>(g) & 15) == 0) {  // 16-byte loads, four in flight a thread (zeros past the end)
+    constexpr int kPerVec = 16 / (int)sizeof(Elem);
+    const int64_t vecs = count / kPerVec;
+    const uint4* const gv = reinterpret_cast<const uint4*>(g);
+    for (int64_t i = first; i < vecs; i += 4 * threads) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = i + u * threads < vecs ? gv[i + u * threads] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z), take_word(v[u].w);
+    }
+    scalar_from = vecs * kPerVec;
   }
+  for (int64_t i = scalar_from + first; i < count; i += threads) take(convert<float>(g[i]));
 #pragma unroll
   for (int d = 16; d > 0; d /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, d));
   if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
@@ -792,26 +820,37 @@ __global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBl
   write_partial(sums, poisoned, e, partial);
 }
 
-// The partials of `blocks` CTAs added in CTA order; dw [k][entries] and db [k] (either may be null) in Elem.
+// The partials of `blocks` CTAs added in a fixed order; dw [k][entries] and db [k] (either may be null) in Elem. A
+// CTA takes kReduceOutputs consecutive outputs; slice s of them adds the partials s, s + kReduceSlices, ... in
+// order (many loads in flight a thread, not one chain of `blocks` loads), then slice 0 adds the slices in order.
+// The order depends on `blocks` only: the same bits from run to run.
+inline constexpr int kReduceOutputs = 32, kReduceSlices = 8;
 template <class Elem>
-__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_weight_reduce_kernel(const float* __restrict__ partial,
-                                                                                  int blocks, Elem* __restrict__ dw,
-                                                                                  Elem* __restrict__ db) {
+__global__ void __launch_bounds__(kReduceOutputs * kReduceSlices) conv3x3_min_tanh2_grad_weight_reduce_kernel(
+    const float* __restrict__ partial, int blocks, Elem* __restrict__ dw, Elem* __restrict__ db) {
   using G = GradWeight;
-  const int at = blockIdx.x * blockDim.x + threadIdx.x;
-  if (at >= G::kCout * G::kPartial) return;
-  double sum = 0.0;  // in double: a few hundred partials, some of which cancel
-  const float* const p = partial + at;
+  __shared__ double slices[kReduceSlices][kReduceOutputs];
+  const int o = threadIdx.x % kReduceOutputs, s = threadIdx.x / kReduceOutputs;
+  const int at = blockIdx.x * kReduceOutputs + o;
+  const bool inside = at < G::kCout * G::kPartial;
   const int64_t pitch = G::kCout * G::kPartial;
-  int b = 0;
-  for (; b + 4 <= blocks; b += 4) {  // four loads in flight, added in order
-    float v[4];
+  const float* const p = partial + (inside ? at : 0);
+  double sum = 0.0;  // in double: a few hundred partials, some of which cancel
+  int b = s;
+  constexpr int kInFlight = 8;
+  for (; b + (kInFlight - 1) * kReduceSlices < blocks; b += kInFlight * kReduceSlices) {
+    float v[kInFlight];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = p[(b + u) * pitch];
+    for (int u = 0; u < kInFlight; ++u) v[u] = p[(b + u * kReduceSlices) * pitch];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) sum += v[u];
+    for (int u = 0; u < kInFlight; ++u) sum += v[u];
   }
-  for (; b < blocks; ++b) sum += p[b * pitch];
+  for (; b < blocks; b += kReduceSlices) sum += p[b * pitch];
+  slices[s][o] = sum;
+  __syncthreads();
+  if (s != 0 || !inside) return;
+#pragma unroll
+  for (int t = 1; t < kReduceSlices; ++t) sum += slices[t][o];
   const int k = at / G::kPartial, e = at % G::kPartial;
   if (e < G::kEntries) {
     if (dw) dw[k * G::kEntries + e] = convert<Elem>(sum);

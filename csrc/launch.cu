@@ -321,7 +321,9 @@ struct LaunchGradWeight {
       kernel<<<blocks, G::kThreads, G::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, H, W, steps);
     }
     const int outputs = G::kCout * G::kPartial;
-    kb25::conv3x3_min_tanh2_grad_weight_reduce_kernel<Elem><<<(outputs + 255) / 256, 256, 0, stream>>>(
+    constexpr int kPerCta = kb25::kReduceOutputs;
+    kb25::conv3x3_min_tanh2_grad_weight_reduce_kernel<Elem>
+        <<<(outputs + kPerCta - 1) / kPerCta, kPerCta * kb25::kReduceSlices, 0, stream>>>(
         partial, blocks, static_cast<Elem*>(dw), static_cast<Elem*>(db));
     return cudaGetLastError();
   }

@@ -628,6 +628,19 @@ MUTANTS = {
         "if (false) {",
         ["test_training_weight_gradient_ignores_an_earlier_strips_infinities[H100]"],
     ),
+    # the operand scale's pass skips the last word of each 16-byte load, or the tail past the last whole load
+    "grad_scale_skips_a_word": (
+        "for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z), take_word(v[u].w);",
+        "for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z);",
+        ["test_training_weight_gradient_scale_sees_every_element_of_g[aligned-tf32]",
+         "test_training_weight_gradient_scale_sees_every_element_of_g[aligned-bf16]"],
+    ),
+    "grad_scale_skips_the_tail": (
+        "for (int64_t i = scalar_from + first; i < count; i += threads) take(convert<float>(g[i]));",
+        "for (int64_t i = scalar_from + first; i < count - 1; i += threads) take(convert<float>(g[i]));",
+        ["test_training_weight_gradient_scale_sees_every_element_of_g[aligned-tf32]",
+         "test_training_weight_gradient_scale_sees_every_element_of_g[offset-bf16]"],
+    ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (
         "return g * (1.f - t2 * t2) * (1.f - t1 * t1);",

@@ -1,5 +1,6 @@
-"""CPU checks of the sources and of what the results claim about them: model_new.py is the bundle of csrc/ and python/,
-csrc/ builds on its own to the same machine code, and results/<gpu>.json describes the kernels of this tree."""
+"""CPU checks of the sources, of what the results claim about them, and of the tools that read profiles: model_new.py
+is the bundle of csrc/ and python/, csrc/ builds on its own to the same machine code, results/<gpu>.json describes the
+kernels of this tree, and tools/ncu_hotspots.py reads Nsight Compute's source page."""
 import json
 import re
 import shutil
@@ -105,3 +106,32 @@ def test_machine_code_digest_follows_each_kernels_code():
     changed = [k for k in base if base[k] != edited[k]]
     assert len(changed) == 1 and "scale" in changed[0], changed
     assert commented == base
+
+
+def test_ncu_hotspots_ranks_instructions_and_skips_other_rows(capsys):
+    """ncu's source page as CSV holds more than instruction rows (a kernel's name, blank lines, a second header, rows
+    cut short); the hotspots are the instructions with the most stall samples, with their stall reasons."""
+    import ncu_hotspots
+
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",' \
+           '"Instructions Executed","stall_long_sb","stall_wait"'
+    lines = [
+        '"conv3x3_min_tanh2_grad_weight_fed_kernel"',
+        head,
+        '"00007f0000000000","LDG.E.128 R4, desc[UR4][R2.64]","10","2","100","0","1"',
+        '"00007f0000000010","F2FP.F16.F32.PACK_AB R6, R5, R4","70","60","100","65","5"',
+        '',
+        '"00007f0000000020","HMMA.16816.F32 R8, R12, R16, R8"',
+        '"00007f0000000030","STS.128 [R1], R4","20","20","1,200","0","20"',
+        head,
+    ]
+    rows = ncu_hotspots.read_rows(lines)
+    assert [r[0][-2:] for r in rows] == ["00", "10", "20", "30"]
+    assert rows[3][3] == 1200 and rows[1][4] == {"stall_long_sb": 65, "stall_wait": 5}
+    text = ncu_hotspots.report(rows, top=2, floor=0.15)
+    top = text.splitlines()[1:3]
+    assert "F2FP" in top[0] and "70.00%" in top[0] and "stall_long_sb 65" in top[0], text
+    assert "STS.128" in top[1] and "20.00%" in top[1], text
+    assert text.splitlines()[4:] == [line for line in text.splitlines()[4:] if "LDG" not in line]  # 10% < floor
+    with pytest.raises(SystemExit, match="expected a CSV header"):
+        ncu_hotspots.read_rows(['"a","b"', '"1","2"'])

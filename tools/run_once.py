@@ -5,6 +5,9 @@ in TF32 (after one saving forward), and print how the argmins spread over the ch
     ncu -k regex:conv3x3_min_tanh2_kernel --launch-skip 1 --launch-count 1 python3 tools/run_once.py bf16
     ncu ... python3 tools/run_once.py kernel-sm80_bf16
     ncu -k regex:grad_weight_fed --launch-skip 1 --launch-count 1 python3 tools/run_once.py grad_weight
+
+Where the stalls sit: `ncu --set full -o rep ...`, then `ncu -i rep.ncu-rep --page source --csv --print-source sass`
+into tools/ncu_hotspots.py.
 """
 import os
 import sys

@@ -995,8 +995,8 @@ __device__ float pow2_scale(const uint32_t* scratch, int sign) {
 
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
 // 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
-// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
-// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
+// reference rounds it (to nearest, ties away: by the fp16 conversion's own rounding, narrow2) and goes into the slots
+// as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
 // (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
 // sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
 // (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
@@ -1005,8 +1005,9 @@ __device__ float pow2_scale(const uint32_t* scratch, int sign) {
 // goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
 // image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
 // listed images; with none listed it returns at once.
-// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
-// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
+// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by at most 2^-25 from x
+// and less than 2^-24 from its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a
+// channel's 144 weights.
 struct Tf32OnF16 {
   using Elem = float;
   using XElem = float;
@@ -1014,22 +1015,23 @@ struct Tf32OnF16 {
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  // narrow2's carry takes a NaN whose mantissa has its top 11 bits set (CUDA's own NaN, 0x7FFFFFFF, and its negative)
-  // out to a zero, which range_fold does not see: the producer makes every NaN 0x7FC00000 first, which narrows to a NaN
-  // and lists its image.
-  static constexpr bool kFastNeedsNoNaN = true;
+  // narrow2 keeps every NaN a NaN, which range_fold sees: the producer passes NaNs as they come.
+  static constexpr bool kFastNeedsNoNaN = false;
   static constexpr bool kGuardsRange = true;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
   __device__ static float param(float v) { return v; }
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
-  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees. Not for a NaN (kFastNeedsNoNaN).
+  // Two input words into one word of two fp16 (lo in the low half), rounded as TF32 rounds (to 11 significant bits,
+  // ties away): fp16's round to nearest even of v | 1. Setting the lowest bit moves a tie (the 13 dropped bits exactly
+  // 0x1000) above the half, so it rounds away from zero, and leaves every other value on its side of the half. Exact
+  // in fp16's normal range; a value beyond it becomes 65504 or an infinity, and a NaN stays a NaN (any payload), which
+  // range_fold sees. Below it, v is rounded to fp16's subnormal spacing (2^-24), to nearest.
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {
-      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi | 1u)), "f"(__uint_as_float(lo | 1u)));
     }
     return r;
   }
@@ -2258,6 +2260,7 @@ struct RowProducer {
                                                      __byte_perm(w[6][q], w[7][q], sel)));
       }
     } else if constexpr (kNarrows) {
+      static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");
       // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
       // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
       // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
@@ -2402,9 +2405,8 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;
-            const uint32_t h = Precision::narrow2(v, 0) & 0xFFFFu;
-            range = Precision::range_fold(range, h, v, 0u);
+            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            range = Precision::range_fold(range, h, e, 0u);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
             if constexpr (Geometry::kSplitInSlot) {
               const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;
@@ -2535,11 +2537,11 @@ namespace kb25 {
 
 // The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
 // exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
-// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// |x| (fp32 bits; a NaN above every number) of what a thread stored. A row whose largest
 // input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
 // (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
 // fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
-// their TF32 value (truncated), under 2^-14 of its largest.
+// their TF32 value (rounded to fp16's subnormal spacing), under 2^-14 of its largest.
 struct Tf32OnF16Walked : Tf32OnF16 {
   static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
   static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10

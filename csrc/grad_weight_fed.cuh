@@ -9,11 +9,11 @@ namespace kb25 {
 
 // The producer's tag for the fed dW: Tf32OnF16's narrowing (x rounded as the TF32 conv rounds it, then an fp16 value
 // exactly in fp16's normal range), with a fold that lets a row be walked instead of listing an image: the largest
-// |x| (fp32 bits; a NaN, made 0x7FC00000 first, above every number) of what a thread stored. A row whose largest
+// |x| (fp32 bits; a NaN above every number) of what a thread stored. A row whose largest
 // input rounds to 65504 or more (or is +-inf or NaN: fp16 does not hold it), or that is nonzero but all below 2^-10
 // (where fp16's 2^-24 steps would cost more than TF32's rounding), has every step whose window holds it summed in
 // fp32 from global memory instead. A row with an input of 2^-10 or more keeps its inputs below 2^-14 within 2^-24 of
-// their TF32 value (truncated), under 2^-14 of its largest.
+// their TF32 value (rounded to fp16's subnormal spacing), under 2^-14 of its largest.
 struct Tf32OnF16Walked : Tf32OnF16 {
   static constexpr uint32_t kTooLarge = 0x477FD000u;  // 65488: rounds (ties away) to 65504 in TF32
   static constexpr uint32_t kSmallRow = 0x3A800000u;  // 2^-10

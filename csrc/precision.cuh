@@ -166,8 +166,8 @@ __device__ float pow2_scale(const uint32_t* scratch, int sign) {
 
 // TF32 on the fp16 tensor cores (the default fp32 path): the TF32 products at the fp16 rate. A TF32 value has fp16's
 // 10 mantissa bits; where its exponent lies in fp16's range it is an fp16 value. x is read as fp32, rounded as the
-// reference rounds it (to nearest, ties away: half a TF32 unit added to the magnitude, then truncated by the fp16
-// conversion) and goes into the slots as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
+// reference rounds it (to nearest, ties away: by the fp16 conversion's own rounding, narrow2) and goes into the slots
+// as fp16, exactly. The weights, rounded the same way, are scaled by 2^s first
 // (s puts the largest of the CTA's |w| and |bias| in [2^15, 2^16)), so that they are fp16 values exactly too; every
 // sum is then 2^s times the TF32 one, exactly. The bias times 2^s enters as three fp16 parts, by one more MMA
 // (wgmma; bias_part, ones) or as the first MMA's C (mma.sync), and the epilogue multiplies each pixel's min by 2^-s
@@ -176,8 +176,9 @@ __device__ float pow2_scale(const uint32_t* scratch, int sign) {
 // goes the slow way too) lists its image, and weights or a bias that the scale does not carry exactly list every
 // image (GuardList). The TF32 kernel (Tf32RoundNearest) runs after this one in the same stream and recomputes the
 // listed images; with none listed it returns at once.
-// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by less than 2^-24 from
-// its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a channel's 144 weights.
+// Inputs below fp16's normal range (|x| < 2^-14) keep fp16's subnormal spacing: each is off by at most 2^-25 from x
+// and less than 2^-24 from its TF32 value, so an output by less than 2^-24 times the largest sum of |w| over a
+// channel's 144 weights.
 struct Tf32OnF16 {
   using Elem = float;
   using XElem = float;
@@ -185,22 +186,23 @@ struct Tf32OnF16 {
   static constexpr int kMmaK = 16;
   using Multiply = OneProduct;
   static constexpr bool kTanhApprox = false;  // tanh2 by tanhf, as the TF32 kernel
-  // narrow2's carry takes a NaN whose mantissa has its top 11 bits set (CUDA's own NaN, 0x7FFFFFFF, and its negative)
-  // out to a zero, which range_fold does not see: the producer makes every NaN 0x7FC00000 first, which narrows to a NaN
-  // and lists its image.
-  static constexpr bool kFastNeedsNoNaN = true;
+  // narrow2 keeps every NaN a NaN, which range_fold sees: the producer passes NaNs as they come.
+  static constexpr bool kFastNeedsNoNaN = false;
   static constexpr bool kGuardsRange = true;
   // The weights' largest magnitude (bits) and whether anything did not carry exactly, in the mainloop's shared memory.
   static constexpr int kScratchBytes = 16;
   __device__ static float param(float v) { return v; }
   // A (scaled) weight as the tensor cores get it.
   __device__ static __half to_tensor_core(float v) { return __float2half_rn(round_to_tf32(v)); }
-  // Two input words into one word of two fp16 (lo in the low half), rounded to TF32: exact in fp16's normal range;
-  // a value beyond it becomes 65504 or a NaN, which out_of_range() sees. Not for a NaN (kFastNeedsNoNaN).
+  // Two input words into one word of two fp16 (lo in the low half), rounded as TF32 rounds (to 11 significant bits,
+  // ties away): fp16's round to nearest even of v | 1. Setting the lowest bit moves a tie (the 13 dropped bits exactly
+  // 0x1000) above the half, so it rounds away from zero, and leaves every other value on its side of the half. Exact
+  // in fp16's normal range; a value beyond it becomes 65504 or an infinity, and a NaN stays a NaN (any payload), which
+  // range_fold sees. Below it, v is rounded to fp16's subnormal spacing (2^-24), to nearest.
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {
-      asm("cvt.rz.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(__uint_as_float(hi | 1u)), "f"(__uint_as_float(lo | 1u)));
     }
     return r;
   }

@@ -113,6 +113,7 @@ struct RowProducer {
                                                      __byte_perm(w[6][q], w[7][q], sel)));
       }
     } else if constexpr (kNarrows) {
+      static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");
       // One 4-column piece, as below, but narrowed first (Precision::narrow2: column c's 8 channels, two to a word,
       // rounded to TF32 or as .to() rounds, as fp16 or bf16): the rotation then moves 16 words instead of 32.
       // Split in the slot (Fp32OnF16x3): the lo parts (Precision::rest2) into copy 1, rotated alike.
@@ -257,9 +258,8 @@ struct RowProducer {
           const int i = kVec * chunk + i0;
           const Bits e = col0 + i < W ? load_element(src + i) : Bits(0);
           if constexpr (kNarrows) {
-            const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;
-            const uint32_t h = Precision::narrow2(v, 0) & 0xFFFFu;
-            range = Precision::range_fold(range, h, v, 0u);
+            const uint32_t h = Precision::narrow2(e, 0) & 0xFFFFu;
+            range = Precision::range_fold(range, h, e, 0u);
             *reinterpret_cast<uint16_t*>(dst + i * 16 + c * 2) = (uint16_t)h;
             if constexpr (Geometry::kSplitInSlot) {
               const uint32_t lo = Precision::rest2(e, 0, h) & 0xFFFFu;

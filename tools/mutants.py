@@ -52,15 +52,15 @@ MUTANTS = {
     ),
     # inputs rounded to nearest even instead of ties away
     "carrier_rounds_to_even": (
-        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));',
+        'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi | 1u)), "f"(__uint_as_float(lo | 1u)));',
         'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi)), "f"(__uint_as_float(lo)));',
         ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-ties]",
          "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-ties]"],
     ),
     # inputs below fp16's normal range flushed to zero
     "carrier_flushes_subnormals": (
-        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));',
-        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(fabsf(__uint_as_float(hi)) < 6.1035156e-5f ? 0.f : __uint_as_float(hi + 0x1000u)), "f"(fabsf(__uint_as_float(lo)) < 6.1035156e-5f ? 0.f : __uint_as_float(lo + 0x1000u)));',
+        'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi | 1u)), "f"(__uint_as_float(lo | 1u)));',
+        'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(fabsf(__uint_as_float(hi)) < 6.1035156e-5f ? 0.f : __uint_as_float(hi | 1u)), "f"(fabsf(__uint_as_float(lo)) < 6.1035156e-5f ? 0.f : __uint_as_float(lo | 1u)));',
         ["test_tf32_on_fp16_operands_gives_the_tf32_products[sm90_tf32_f16-subnormal]",
          "test_tf32_on_fp16_operands_gives_the_tf32_products[sm80_tf32_f16-subnormal]"],
     ),
@@ -136,22 +136,17 @@ MUTANTS = {
         [node("test_nan_and_inf_inputs", "kernel-sm80_tf32", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm80_tf32_99k", shape="aligned"),
          node("test_nan_and_inf_inputs", "kernel-sm90_tf32", shape="aligned"),
-         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input"),
-         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits")],
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="input")],
     ),
-    # the TF32 carrier narrows NaNs as they come: one with every bit set carries out to a zero, which lists nothing
-    "carrier_nan_not_quieted": (
-        "  // and lists its image.\n  static constexpr bool kFastNeedsNoNaN = true;",
-        "  // and lists its image.\n  static constexpr bool kFastNeedsNoNaN = false;",
+    # the TF32 carrier rounds by adding half a TF32 unit and truncating: a NaN with every bit set carries out to a zero,
+    # which lists nothing
+    "carrier_nan_carries_out": (
+        'asm("cvt.rn.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi | 1u)), "f"(__uint_as_float(lo | 1u)));',
+        'asm("cvt.rz.f16x2.f32 %0, %1, %2;\\n" : "=r"(r) : "f"(__uint_as_float(hi + 0x1000u)), "f"(__uint_as_float(lo + 0x1000u)));',
         [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_f16", shape="all_bits"),
-         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="all_bits_by_element")],
-    ),
-    # the element-by-element path (rows not in whole 16-byte chunks) narrows NaNs as they come
-    "carrier_by_element_nan_not_quieted": (
-        "const Bits v = Precision::kFastNeedsNoNaN ? quiet_nan(e) : e;",
-        "const Bits v = e;",
-        [node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits_by_element"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "fused-tf32", shape="all_bits_by_element"),
+         node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm90_tf32_f16", shape="all_bits_by_element"),
          node("test_nan_with_only_low_payload_bits_stays_nan", "kernel-sm80_tf32_f16", shape="all_bits_by_element")],
     ),
     # the late item (the chunk past a 256-column tile) skips the NaN check: its NaNs take the fast rounding

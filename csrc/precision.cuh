@@ -197,8 +197,9 @@ struct Tf32OnF16 {
   // Two input words into one word of two fp16 (lo in the low half), rounded as TF32 rounds (to 11 significant bits,
   // ties away): fp16's round to nearest even of v | 1. Setting the lowest bit moves a tie (the 13 dropped bits exactly
   // 0x1000) above the half, so it rounds away from zero, and leaves every other value on its side of the half. Exact
-  // in fp16's normal range; a value beyond it becomes 65504 or an infinity, and a NaN stays a NaN (any payload), which
-  // range_fold sees. Below it, v is rounded to fp16's subnormal spacing (2^-24), to nearest.
+  // in fp16's normal range; a finite value beyond it becomes 65504 or an infinity, and an infinity (v | 1 is a NaN
+  // pattern) or a NaN of any payload becomes a NaN, which range_fold sees. Below it, v is rounded to fp16's subnormal
+  // spacing (2^-24), to nearest.
   __device__ static uint32_t narrow2(uint32_t lo, uint32_t hi) {
     uint32_t r = 0;
     if constexpr (kHasFused) {

@@ -2557,22 +2557,26 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 
 // dW^T for one input row offset i: D[c][k] = sum over pixels p of x[c, p + (i, j)] * G[p][k], G the one-hot (pixels x
 // k) matrix that holds gm at (p, k(p)). mma.sync m16n8k16: A = x^T (16 channels x 16 pixels of one tap, by
-// ldmatrix.trans from the slot, whose layout is the forward's), B = G's 16 pixels x one block of 8 k, built in
-// registers from the step's pixel record; only the blocks a chunk of 16 pixels holds are multiplied. One-hot in N
-// uses an eighth of each MMA (in M, as the smem-tile kernel has it, a sixteenth), and B is built once for all three
-// taps of a warp.
+// ldmatrix.trans from the slot, whose layout is the forward's), B = G's 16 pixels x 8 columns, built in registers
+// from the step's pixel record. B's columns are ranks, not k: the producer lists the k the step's pixels hold, in
+// order, and gives each pixel the rank of its k in that list, so that one batch of 8 ranks covers a step that holds
+// up to 8 distinct k (torch.rand's argmins put 87-100% of the pixels on one channel and a few stray ones elsewhere)
+// and a step whose pixels hold all 64 takes 8. A batch multiplies each chunk of 16 pixels that holds one of its ranks
+// once a tap, whatever blocks of 8 k those ranks' k lie in, and its 12 accumulators a thread go into the CTA's sums
+// at the ranks' k after the batch (fixed order: deterministic). B is built once for all three taps of a warp.
 //
 // A CTA is kProducerWarps warps that run the forward's RowProducer over the CTA's steps (each step one output row
 // segment of 256 columns, consecutive steps down a column strip, so each input row is loaded once a strip), and
-// kConsumerWarps warps that sum: warp i < 3 owns input row offset i (all 16 channels, the three j, all 64 k: 8 blocks x 3
-// taps of m16n8 accumulators), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers
-// a slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
-// pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k, what
-// hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does), and each
-// chunk's mask of the 8-k blocks it holds (a walked step reads gm's parts from global memory). gm's scale is
-// GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
+// kConsumerWarps warps that sum: warp i < 3 owns input row offset i (all 16 channels, the three j: 3 taps of m16n8
+// accumulators a pass), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers a
+// slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
+// pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
+// rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
+// each chunk's mask of the batches it holds, the k of each rank, and each producer warp's set of k (a walked step
+// reads gm's parts from global memory). gm's scale is GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+
+// GPU but the 99 KB ones.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
-// masked to its k: one accumulator, sum of (hi + lo * 2^-11) a k, two MMAs a chunk and block.
+// masked to its rank: one accumulator, sum of (hi + lo * 2^-11) a rank, two MMAs a chunk and batch.
 struct GradWeightFed : GradGeometry {
   using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
   static constexpr int kCols = Geometry::kTileCols;
@@ -2584,18 +2588,23 @@ struct GradWeightFed : GradGeometry {
   static constexpr int kMinBlocks = 2;
   using Producer = RowProducer<Geometry, kProducerThreads>;
   static constexpr int kChunk = 16, kChunks = kCols / kChunk;
-  static constexpr int kKBlocks = kCout / 8;
   static constexpr int kPixelsPerThread = kCols / kProducerThreads;
   static constexpr int kPartial = GradWeight::kPartial;
   // A slot: the input row in the forward's layout, then the pixel record of the step whose newest row it is, then
   // the row's walk word.
-  static constexpr int kHkOffset = Geometry::kSlotBytes;        // uint32 [kCols]: hi | k << 16 (k 0xFFFF: no pixel)
+  // uint32 [kCols]: hi | k << 16 | rank << 24 (k and rank 0xFF: no pixel)
+  static constexpr int kHkOffset = Geometry::kSlotBytes;
   static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
-  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the 8-k blocks a chunk holds
+  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the batches of 8 ranks a chunk holds
+  static constexpr int kKOfRankOffset = kMaskOffset + kChunks;  // uint8 [kCout]: the k of each rank
+  // uint64 a producer warp: the set of k its pixels hold (bit k)
+  static constexpr int kHeldOffset = (kKOfRankOffset + kCout + 7) / 8 * 8;
   // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
-  static constexpr int kWalkOffset = kMaskOffset + kChunks;
+  static constexpr int kWalkOffset = kHeldOffset + 8 * kProducerWarps;
   static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
+  static constexpr uint32_t kNoPixel = 0xFFFF0000u;
   static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
+  static constexpr int kProducerBarrier = 1;  // named barrier of the producer warps (0 is __syncthreads)
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
   using Ring = RowRing<kSlots, kSlotBytes>;
   static constexpr int kRingBytes = kSlots * kSlotBytes;
@@ -2606,7 +2615,8 @@ struct GradWeightFed : GradGeometry {
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
-  static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp a round");
+  static_assert(kCout == 64 && kProducerThreads >= kCout, "a 64-bit set of k; a producer thread a rank's k");
+  static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp an iteration");
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
@@ -2638,6 +2648,14 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
 #pragma unroll
       for (int w = 0; w < G::kProducerWarps; ++w) bits |= walk_words(slot)[w];
       return (bits & G::kTooLargeBit) || ((bits & G::kNonzeroBit) && !(bits & G::kLargeBit));
+    };
+    // How many distinct k the pixels of the step whose record `slot` holds have: its ranks.
+    const auto step_ranks = [](const unsigned char* slot) {
+      const uint64_t* const held_words = reinterpret_cast<const uint64_t*>(slot + G::kHeldOffset);
+      uint64_t held = 0;
+#pragma unroll
+      for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];
+      return __popcll(held);
     };
     // The ring zeroed (the walk words among it): the slots' columns past the input rows are read, times B's zeros,
     // by the taps of pixels past the row; they must hold no infinity or NaN.
@@ -2722,6 +2740,23 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
           unsigned char* const masks = slot + G::kMaskOffset;
+          // The set of k the step's pixels hold: each warp's, then both (the producer warps' barrier).
+          uint32_t held_lo = 0, held_hi = 0;
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            if (kv[u] >= 0) (kv[u] < 32 ? held_lo : held_hi) |= 1u << (kv[u] & 31);
+          }
+          held_lo = warp_or(held_lo);
+          held_hi = warp_or(held_hi);
+          uint64_t* const held_words = reinterpret_cast<uint64_t*>(slot + G::kHeldOffset);
+          if (lane == 0) held_words[warp] = (uint64_t)held_hi << 32 | held_lo;
+          named_barrier<G::kProducerThreads>(G::kProducerBarrier);
+          uint64_t held = 0;
+#pragma unroll
+          for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];
+          if (ptid < G::kCout && ((held >> ptid) & 1u)) {
+            slot[G::kKOfRankOffset + __popcll(held & ((1ull << ptid) - 1))] = (unsigned char)ptid;
+          }
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
             const int p = ptid + G::kProducerThreads * u;
@@ -2730,10 +2765,11 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const float scaled = gm * up;
             uint32_t hi, small;
             GradWeightMma::split_gm(scaled, hi, small);
-            hk[p] = k >= 0 ? hi | (uint32_t)k << 16 : 0xFFFF0000u;
+            const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
+            hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
             // lanes 0-15 hold chunk p / 16 of lane 0, lanes 16-31 the next
-            const uint32_t bit = k >= 0 ? 1u << (k >> 3) : 0u;
+            const uint32_t bit = k >= 0 ? 1u << (rank >> 3) : 0u;
             const uint32_t first = warp_or(lane < 16 ? bit : 0u), second = warp_or(lane < 16 ? 0u : bit);
             if (lane == 0) {
               const int chunk = (G::kProducerThreads * u + 32 * warp) / G::kChunk;
@@ -2748,13 +2784,9 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).
       const int cw = (threadIdx.x - G::kProducerThreads) >> 5;  // 0..2: input row offset; 3: the bias
       const int gq = lane >> 2, tq = lane & 3;
-      float acc[G::kKBlocks][G::kKsize][4];  // row warps: [8-k block][j][m16n8]; the bias warp: [block][0]
-#pragma unroll
-      for (int kb = 0; kb < G::kKBlocks; ++kb)
-#pragma unroll
-        for (int j = 0; j < G::kKsize; ++j)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[kb][j][r] = 0.f;
+      // A batch's sums go into the CTA's, unscaled, beside the walked steps' (another lane of this warp walks each
+      // entry: a __syncwarp after every step).
+      const float down = GradWeightMma::pow2(-scale);
       // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
       // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
       const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
@@ -2789,7 +2821,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const float* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
 #pragma unroll 1
             for (int t = 0; t < count; ++t) {
-              const int kk = (int)(hk[t] >> 16);
+              const int kk = (int)((hk[t] >> 16) & 0xFFu);
               const float xv = is_bias ? 1.f : xr[t];
               const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
               sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
@@ -2798,79 +2830,79 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           }
         } else if (cw < G::kRowWarps) {
           const unsigned char* const masks = newest + G::kMaskOffset;
+          const unsigned char* const k_of_rank = newest + G::kKOfRankOffset;
+          const int ranks = step_ranks(newest);
           const uint32_t a_base = smem_u32(ring.slot(rows - 3 + cw)) + a_group * G::Geometry::kGroupBytes + a_pixel * 16;
+          for (int batch = 0; 8 * batch < ranks; ++batch) {
+            float acc[G::kKsize][4] = {};
 #pragma unroll 2
-          for (int c = 0; c * G::kChunk < count; ++c) {
-            const uint32_t mask = masks[c];
-            uint32_t xa[G::kKsize][4];
+            for (int c = 0; c * G::kChunk < count; ++c) {
+              if (!((masks[c] >> batch) & 1u)) continue;
+              uint32_t xa[G::kKsize][4];
 #pragma unroll
-            for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
-            // pixels 2t, 2t + 1 and 2t + 8, 2t + 9 of the chunk: B's k rows of this lane
-            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
-            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
-            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+              for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
+              // pixels 2t, 2t + 1 and 2t + 8, 2t + 9 of the chunk: B's k rows of this lane
+              const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+              const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+              const uint32_t target = 8 * batch + gq;  // B's column gq: rank 8 batch + gq
+              const uint32_t b0 = __byte_perm(w01.x >> 24 == target ? w01.x : 0u, w01.y >> 24 == target ? w01.y : 0u,
+                                              0x5410);
+              const uint32_t b1 = __byte_perm(w89.x >> 24 == target ? w89.x : 0u, w89.y >> 24 == target ? w89.y : 0u,
+                                              0x5410);
 #pragma unroll
-            for (int kb = 0; kb < G::kKBlocks; ++kb) {
-              if (!((mask >> kb) & 1u)) continue;
-              const uint32_t target = 8 * kb + gq;  // B's column gq: k = 8 kb + gq
-              const uint32_t b0 = __byte_perm(k0 == target ? w01.x : 0u, k1 == target ? w01.y : 0u, 0x5410);
-              const uint32_t b1 = __byte_perm(k8 == target ? w89.x : 0u, k9 == target ? w89.y : 0u, 0x5410);
+              for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});
+            }
+            // acc[j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j)
 #pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});
+            for (int r = 0; r < 4; ++r) {
+              const int rank = 8 * batch + 2 * tq + (r & 1), c = gq + 8 * (r >> 1);
+              if (rank >= ranks) continue;
+              float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[j][r], down, at_k[j]);
             }
           }
         } else {
           // db: k columns 0-7 of A ones and 8-15 2^-11; B's k rows 2t, 2t + 1 the hi of pixels 2t, 2t + 1 (first MMA;
           // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but at its pixel's k.
           const unsigned char* const masks = newest + G::kMaskOffset;
+          const unsigned char* const k_of_rank = newest + G::kKOfRankOffset;
+          const int ranks = step_ranks(newest);
           const uint16_t* const lo = reinterpret_cast<const uint16_t*>(newest + G::kLoOffset);
           const uint32_t a[4] = {G::kOnes, G::kOnes, G::kSmall, G::kSmall};
+          for (int batch = 0; 8 * batch < ranks; ++batch) {
+            float acc[4] = {};
 #pragma unroll 2
-          for (int c = 0; c * G::kChunk < count; ++c) {
-            const uint32_t mask = masks[c];
-            const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
-            const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
-            const uint32_t l01 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq);
-            const uint32_t l89 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq + 8);
-            const uint32_t h01 = __byte_perm(w01.x, w01.y, 0x5410), h89 = __byte_perm(w89.x, w89.y, 0x5410);
-            const uint32_t k0 = w01.x >> 16, k1 = w01.y >> 16, k8 = w89.x >> 16, k9 = w89.y >> 16;
+            for (int c = 0; c * G::kChunk < count; ++c) {
+              if (!((masks[c] >> batch) & 1u)) continue;
+              const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
+              const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
+              const uint32_t l01 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq);
+              const uint32_t l89 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq + 8);
+              const uint32_t h01 = __byte_perm(w01.x, w01.y, 0x5410), h89 = __byte_perm(w89.x, w89.y, 0x5410);
+              const uint32_t target = 8 * batch + gq;
+              const uint32_t m01 = (w01.x >> 24 == target ? 0x0000FFFFu : 0u) | (w01.y >> 24 == target ? 0xFFFF0000u : 0u);
+              const uint32_t m89 = (w89.x >> 24 == target ? 0x0000FFFFu : 0u) | (w89.y >> 24 == target ? 0xFFFF0000u : 0u);
+              mma_sync(acc, a, h01 & m01, l01 & m01, Operand<__half>{});
+              mma_sync(acc, a, h89 & m89, l89 & m89, Operand<__half>{});
+            }
+            // row 0 (lanes 0-3): column 2 tq (+ 1), rank 8 batch + column
 #pragma unroll
-            for (int kb = 0; kb < G::kKBlocks; ++kb) {
-              if (!((mask >> kb) & 1u)) continue;
-              const uint32_t target = 8 * kb + gq;
-              const uint32_t m01 = (k0 == target ? 0x0000FFFFu : 0u) | (k1 == target ? 0xFFFF0000u : 0u);
-              const uint32_t m89 = (k8 == target ? 0x0000FFFFu : 0u) | (k9 == target ? 0xFFFF0000u : 0u);
-              mma_sync(acc[kb][0], a, h01 & m01, l01 & m01, Operand<__half>{});
-              mma_sync(acc[kb][0], a, h89 & m89, l89 & m89, Operand<__half>{});
+            for (int r = 0; r < 2; ++r) {
+              const int rank = 8 * batch + 2 * tq + r;
+              if (gq != 0 || rank >= ranks) continue;
+              float* const at_k = sums + k_of_rank[rank] * G::kPartial + G::kEntries;
+              *at_k = fmaf(acc[r], down, *at_k);
             }
           }
         }
+        __syncwarp();  // this step's sums before another lane's next ones
         ring.release(rows - 3);
         if (step + 1 == end || at.oy + 1 == OH) {  // the next step starts a new window
           ring.release(rows - 2);
           ring.release(rows - 1);
         }
       }
-      // Into the CTA's partial, unscaled, on top of the walked steps' sums (another lane of this warp walked each
-      // entry: the warp's lanes meet first). Row warps: acc[kb][j] row c = gq (+ 8), column k = 8 kb + 2 tq (+ 1),
-      // entry (c, cw, j); the bias warp: row 0 (lanes 0-3) of each block.
-      __syncwarp();
-      const float down = GradWeightMma::pow2(-scale);
-#pragma unroll
-      for (int kb = 0; kb < G::kKBlocks; ++kb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int k = 8 * kb + 2 * tq + (r & 1);
-          if (cw < G::kRowWarps) {
-            const int c = gq + 8 * (r >> 1);
-#pragma unroll
-            for (int j = 0; j < G::kKsize; ++j) {
-              sums[k * G::kPartial + c * G::kTaps + cw * G::kKsize + j] += acc[kb][j][r] * down;
-            }
-          } else if (gq == 0 && r < 2) {
-            sums[k * G::kPartial + G::kEntries] += acc[kb][0][r] * down;
-          }
-        }
 #pragma unroll
       for (int q = 0; q < 2; ++q)
         if (q < walk_entries) poison[entry_of(q)] = poisoned[q];

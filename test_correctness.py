@@ -2238,6 +2238,28 @@ def test_training_weight_gradient_keeps_its_precision_at_extreme_ranges(profile,
 
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_weight_gradient_with_many_channels_a_step(profile, tf32_default):
+    """Signed normal x spreads the argmins over the channels, so that a step of 256 pixels holds more than 8 distinct
+    k (the fed dW then takes a batch for each 8 of them, where torch.rand's argmins need one) and the row's last step
+    fewer: dW against the TF32-operand chain, db and dX within fp32's bound."""
+    new, _, g, _ = _train_setup(profile, "tf32", (2, 16, 20, 300), seed=69)
+    x = torch.randn(2, 16, 20, 300, generator=torch.Generator("cuda").manual_seed(70), device="cuda")
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        _, dx, dw, db = _grads(new, x, g)
+    steps = argmin[..., :256].flatten(0, 2)
+    distinct = max(len(torch.unique(row)) for row in steps)
+    assert distinct > 16, f"a step's distinct argmins: at most {distinct}, want more than two batches"
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+    tol = {"x": 1e-5, "b": 1e-5, "w": _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, "tf32", profile)}
+    for name, got, truth in zip("xwb", (dx, dw, db), want):
+        err = harness.relative_error(got, truth)
+        assert err <= tol[name], f"{profile} d{name}: {err}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
 def test_training_16bit_weight_gradient_walks_tiny_rows(profile, tf32_default):
     """bf16 x all far below fp16's normals (rand * 1e-7): the smem-tile weight gradient carries bf16 x in fp16, whose
     2^-24 steps would round most of it to 0 or 6e-8, so its windows are summed in fp32 instead, and dW is the float64

@@ -586,15 +586,27 @@ MUTANTS = {
     ),
     # the fed dW multiplies only the taps j = 0, 1 of its row
     "grad_weight_fed_drops_a_tap": (
-        "for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});",
-        "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(acc[kb][j], xa[j], b0, b1, Operand<__half>{});",
+        "for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});",
+        "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
-    # the fed dW's one-hot B puts every k of a block in the block's first column
+    # the fed dW's one-hot B puts every rank of a batch in the batch's first column
     "grad_weight_fed_one_hot_first_column": (
-        "const uint32_t target = 8 * kb + gq;  // B's column gq: k = 8 kb + gq",
-        "const uint32_t target = 8 * kb;",
+        "const uint32_t target = 8 * batch + gq;  // B's column gq: rank 8 batch + gq",
+        "const uint32_t target = 8 * batch;",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW takes one batch of 8 ranks a step: the pixels whose k ranks 9th or later in the step are dropped
+    "grad_weight_fed_one_batch_a_step": (
+        "return __popcll(held);",
+        "return min(__popcll(held), 8);",
+        ["test_training_weight_gradient_with_many_channels_a_step[H100]"],
+    ),
+    # the fed dW adds a batch's sums at the ranks' positions instead of their k
+    "grad_weight_fed_sums_at_the_rank": (
+        "float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;",
+        "float* const at_k = sums + rank * G::kPartial + c * G::kTaps + cw * G::kKsize;",
+        ["test_training_weight_gradient_with_many_channels_a_step[A100]"],
     ),
     # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_fed_never_walks": (

@@ -2562,13 +2562,13 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // order, and gives each pixel the rank of its k in that list, so that one batch of 8 ranks covers a step that holds
 // up to 8 distinct k (torch.rand's argmins put 87-100% of the pixels on one channel and a few stray ones elsewhere)
 // and a step whose pixels hold all 64 takes 8. A batch multiplies each chunk of 16 pixels that holds one of its ranks
-// once a tap, whatever blocks of 8 k those ranks' k lie in, and its 12 accumulators a thread go into the CTA's sums
-// at the ranks' k after the batch (fixed order: deterministic). B is built once for all three taps of a warp.
+// once a tap, and its 12 accumulators a thread go into the CTA's sums at the ranks' k after the batch (fixed order:
+// deterministic). B is built once for all three taps of a warp.
 //
 // A CTA is kProducerWarps warps that run the forward's RowProducer over the CTA's steps (each step one output row
 // segment of 256 columns, consecutive steps down a column strip, so each input row is loaded once a strip), and
 // kConsumerWarps warps that sum: warp i < 3 owns input row offset i (all 16 channels, the three j: 3 taps of m16n8
-// accumulators a pass), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers a
+// accumulators a batch), warp 3 the bias. The rows pass through the forward's RowRing (full and empty mbarriers a
 // slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
@@ -2634,7 +2634,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
   if constexpr (kHasFused) {
     using G = GradWeightFed;
     extern __shared__ __align__(128) unsigned char smem[];
-    float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: walked steps, then all
+    float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
     uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
     uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
     uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
@@ -2751,7 +2751,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           uint64_t* const held_words = reinterpret_cast<uint64_t*>(slot + G::kHeldOffset);
           if (lane == 0) held_words[warp] = (uint64_t)held_hi << 32 | held_lo;
           named_barrier<G::kProducerThreads>(G::kProducerBarrier);
-          uint64_t held = 0;
+          uint64_t held = 0;  // the step's set of k: both warps'
 #pragma unroll
           for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];
           if (ptid < G::kCout && ((held >> ptid) & 1u)) {
@@ -2864,7 +2864,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           }
         } else {
           // db: k columns 0-7 of A ones and 8-15 2^-11; B's k rows 2t, 2t + 1 the hi of pixels 2t, 2t + 1 (first MMA;
-          // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but at its pixel's k.
+          // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but in its pixel's rank's column.
           const unsigned char* const masks = newest + G::kMaskOffset;
           const unsigned char* const k_of_rank = newest + G::kKOfRankOffset;
           const int ranks = step_ranks(newest);

@@ -608,6 +608,19 @@ MUTANTS = {
         "float* const at_k = sums + rank * G::kPartial + c * G::kTaps + cw * G::kKsize;",
         ["test_training_weight_gradient_with_many_channels_a_step[A100]"],
     ),
+    # the fed dW's producer warps rank by their own warp's set of k, not the step's
+    "grad_weight_fed_ranks_by_its_warp_alone": (
+        "uint64_t held = 0;  // the step's set of k: both warps'\n#pragma unroll\n"
+        "          for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];",
+        "uint64_t held = held_words[warp];",
+        ["test_training_weight_gradient_with_many_channels_a_step[H100]"],
+    ),
+    # the fed dW's bias warp adds a batch's db at the ranks' positions instead of their k
+    "grad_weight_fed_bias_at_the_rank": (
+        "float* const at_k = sums + k_of_rank[rank] * G::kPartial + G::kEntries;",
+        "float* const at_k = sums + rank * G::kPartial + G::kEntries;",
+        ["test_training_weight_gradient_with_many_channels_a_step[A100]"],
+    ),
     # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_fed_never_walks": (
         "walk |= row_walks(ring.slot(rows - i));",

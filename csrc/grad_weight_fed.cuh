@@ -86,7 +86,7 @@ struct GradWeightFed : GradGeometry {
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
-  static_assert(kCout == 64 && kProducerThreads >= kCout, "a 64-bit set of k; a producer thread a rank's k");
+  static_assert(kProducerThreads >= kCout, "a producer thread a rank's k (and kCout == 64: a 64-bit set of k)");
   static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp an iteration");
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");

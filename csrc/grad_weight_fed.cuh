@@ -51,7 +51,7 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 struct GradWeightFed : GradGeometry {
   using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
   static constexpr int kCols = Geometry::kTileCols;
-  static constexpr int kProducerWarps = 2, kProducerThreads = 32 * kProducerWarps;
+  static constexpr int kProducerWarps = 4, kProducerThreads = 32 * kProducerWarps;
   static constexpr int kRowWarps = kKsize;                   // warp i sums input row offset i
   static constexpr int kConsumerWarps = kRowWarps + 1;       // and one the bias
   static constexpr int kConsumerThreads = 32 * kConsumerWarps;
@@ -81,7 +81,11 @@ struct GradWeightFed : GradGeometry {
   static constexpr int kRingBytes = kSlots * kSlotBytes;
   static constexpr int kSumBytes = kCout * kPartial * 4;
   static constexpr int kPoisonBytes = kPartial * 8;
-  static constexpr int kBarrierOffset = kRingBytes + kSumBytes + kPoisonBytes;
+  // the late items' channel vectors of the row being stored, from the lanes that load them to the threads that store
+  // them
+  static constexpr int kLateOffset = (kRingBytes + kSumBytes + kPoisonBytes + 15) / 16 * 16;
+  static constexpr int kLateBytes = Producer::kLate * Producer::kChannels * 16;
+  static constexpr int kBarrierOffset = kLateOffset + kLateBytes;
   static constexpr int kSmemBytes = kBarrierOffset + kSlots * 16 + 16;  // the ring's mbarriers, the scale's word
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
@@ -89,6 +93,7 @@ struct GradWeightFed : GradGeometry {
   static_assert(kProducerThreads >= kCout, "a producer thread a rank's k (and kCout == 64: a 64-bit set of k)");
   static_assert(kCols % (kProducerThreads * 2) == 0 && kProducerThreads % 32 == 0, "pixels: two chunks a warp an iteration");
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
+  static_assert(Producer::kLate * Producer::kChannels <= 32, "the late items' vectors: a lane each of warp 0");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
   static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
@@ -147,38 +152,72 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
 
     if (threadIdx.x < G::kProducerThreads) {
       // The producer: each row of the CTA's steps (RowCursor) into its slot by the forward's RowProducer; with a
-      // step's newest row, the step's pixel record.
+      // step's newest row, the step's pixel record. A row's loads are all issued before the wait for its slot: its
+      // body (in registers), its late items (a channel vector a lane of warp 0, handed to the threads that store
+      // them through shared memory, so that no warp waits for a load after the slot wait) and, with a step's newest
+      // row, the step's record. Loading a row ahead (two rows in registers, with setmaxnreg moving registers from the
+      // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, v50).
       const int ptid = threadIdx.x, warp = ptid >> 5;
       const float up = GradWeightMma::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
-      typename G::Producer::Row row;
-      RowCursor ahead(begin, end, OH, col_blocks);
-      for (uint32_t row_no = 0; ahead.valid(); ++row_no) {
-        const StepWalker at = ahead.at;
-        const bool record = ahead.r + 1 == ahead.count();  // the step's newest row
-        const float* const x_img = x + at.n * G::kCin * ((int64_t)H * W);
-        const int y = ahead.y(), col0 = at.cb * G::kCols;
-        ahead.next();
-        if (producer.vec16) producer.load(row, x_img, y, col0);
-        // This thread's pixels of the step (ptid + kProducerThreads u), in flight across the slot wait.
+      // A row to load: where it is, and whether it is a step's newest (it carries the step's record).
+      struct Fetch {
+        const float* x_img;
+        int64_t out_row;  // the step's output row, from its pixel 0 (record)
+        int y, col0;
+        bool valid, record;
+      };
+      // What a row's loads bring: the body, this lane's late channel vector, this thread's pixels of the step
+      // (ptid + kProducerThreads u).
+      struct Loaded {
+        typename G::Producer::Row row;
+        uint4 late;
         float gv[G::kPixelsPerThread], mv[G::kPixelsPerThread];
         int kv[G::kPixelsPerThread];
-        if (record) {
-          const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW;
+      };
+      const bool late_lane = warp == 0 && lane < G::Producer::kLate * G::Producer::kChannels;
+      uint4* const late_stage = reinterpret_cast<uint4*>(smem + G::kLateOffset);
+      RowCursor ahead(begin, end, OH, col_blocks);
+      const auto fetch = [&]() {
+        Fetch f{x, 0, 0, 0, ahead.valid(), false};
+        if (f.valid) {
+          const StepWalker& at = ahead.at;
+          f.record = ahead.r + 1 == ahead.count();
+          f.x_img = x + at.n * G::kCin * ((int64_t)H * W);
+          f.out_row = (at.n * OH + at.oy) * (int64_t)OW + at.cb * G::kCols;
+          f.y = ahead.y();
+          f.col0 = at.cb * G::kCols;
+          ahead.next();
+        }
+        return f;
+      };
+      const auto issue = [&](const Fetch& f, Loaded& in) {
+        if (!f.valid) return;
+        if (producer.vec16) {
+          producer.load(in.row, f.x_img, f.y, f.col0);
+          if (late_lane && producer.reaches_late(f.col0))
+            in.late = producer.load_late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels, f.x_img,
+                                                f.y, f.col0);
+        }
+        if (f.record) {
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
-            const int ox = col0 + ptid + G::kProducerThreads * u;
-            kv[u] = -1;
-            gv[u] = mv[u] = 0.f;
+            const int ox = f.col0 + ptid + G::kProducerThreads * u;
+            in.kv[u] = -1;
+            in.gv[u] = in.mv[u] = 0.f;
             if (ox < OW) {
-              gv[u] = g[out_row + ox];
-              mv[u] = pre_min[out_row + ox];
-              kv[u] = argmin[out_row + ox];
+              in.gv[u] = g[f.out_row + ptid + G::kProducerThreads * u];
+              in.mv[u] = pre_min[f.out_row + ptid + G::kProducerThreads * u];
+              in.kv[u] = argmin[f.out_row + ptid + G::kProducerThreads * u];
             }
           }
         }
+      };
+      const auto store = [&](const Fetch& f, Loaded& in, uint32_t row_no) {
+        const int col0 = f.col0;
         ring.acquire(row_no);
         unsigned char* const slot = ring.slot(row_no);
+        uint32_t stored;
         if (producer.vec16) {
           // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
           // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
@@ -188,12 +227,26 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             G::Producer::place(ptid + k * G::kProducerThreads, grp, chunk);
             if (col0 + G::Producer::kVec * chunk >= W) {
 #pragma unroll
-              for (int c = 0; c < G::Producer::kChannels; ++c) row.raw[k][c] = make_uint4(0, 0, 0, 0);
+              for (int c = 0; c < G::Producer::kChannels; ++c) in.row.raw[k][c] = make_uint4(0, 0, 0, 0);
             }
           }
+          stored = producer.store_body(in.row, slot);
+          if (producer.reaches_late(col0)) {
+            // The late items' channel vectors, from the lanes that loaded them to the threads that store them.
+            if (late_lane) late_stage[lane] = in.late;
+            __syncwarp();
+            if (ptid < G::Producer::kLate) {
+              uint4 raw[G::Producer::kChannels];
+#pragma unroll
+              for (int c = 0; c < G::Producer::kChannels; ++c) raw[c] = late_stage[ptid * G::Producer::kChannels + c];
+              stored = producer.store_late(raw, slot, stored);
+            }
+            __syncwarp();  // read before the next row's late vectors are staged
+          }
+        } else {
+          stored = producer.copy_folded_by_element(f.x_img, f.y, col0, slot);
         }
-        const uint32_t largest = warp_max(producer.vec16 ? producer.store_folded(row, slot, x_img, y, col0)
-                                                         : producer.copy_folded_by_element(x_img, y, col0, slot));
+        const uint32_t largest = warp_max(stored);
         if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
           // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
           // zeroed rather than left to an earlier row's infinities.
@@ -207,22 +260,22 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
                                    (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
                                    (largest != 0 ? G::kNonzeroBit : 0u);
         }
-        if (record) {
+        if (f.record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
           unsigned char* const masks = slot + G::kMaskOffset;
-          // The set of k the step's pixels hold: each warp's, then both (the producer warps' barrier).
+          // The set of k the step's pixels hold: each warp's, then all of them (the producer warps' barrier).
           uint32_t held_lo = 0, held_hi = 0;
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
-            if (kv[u] >= 0) (kv[u] < 32 ? held_lo : held_hi) |= 1u << (kv[u] & 31);
+            if (in.kv[u] >= 0) (in.kv[u] < 32 ? held_lo : held_hi) |= 1u << (in.kv[u] & 31);
           }
           held_lo = warp_or(held_lo);
           held_hi = warp_or(held_hi);
           uint64_t* const held_words = reinterpret_cast<uint64_t*>(slot + G::kHeldOffset);
           if (lane == 0) held_words[warp] = (uint64_t)held_hi << 32 | held_lo;
           named_barrier<G::kProducerThreads>(G::kProducerBarrier);
-          uint64_t held = 0;  // the step's set of k: both warps'
+          uint64_t held = 0;  // the step's set of k: every producer warp's
 #pragma unroll
           for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];
           if (ptid < G::kCout && ((held >> ptid) & 1u)) {
@@ -231,8 +284,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
             const int p = ptid + G::kProducerThreads * u;
-            const int k = kv[u];
-            const float gm = k >= 0 ? min_grad(gv[u], mv[u]) : 0.f;
+            const int k = in.kv[u];
+            const float gm = k >= 0 ? min_grad(in.gv[u], in.mv[u]) : 0.f;
             const float scaled = gm * up;
             uint32_t hi, small;
             GradWeightMma::split_gm(scaled, hi, small);
@@ -250,6 +303,13 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           }
         }
         ring.commit(row_no);
+      };
+      Loaded in;
+      for (uint32_t row_no = 0;; ++row_no) {
+        const Fetch f = fetch();
+        if (!f.valid) break;
+        issue(f, in);
+        store(f, in, row_no);
       }
     } else {
       // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).

@@ -198,20 +198,36 @@ struct RowProducer {
   // The same stores; returns the tag's fold of what this thread stored (Precision::range_fold) itself.
   __device__ uint32_t store_folded(Row& row, unsigned char* slot, const Elem* __restrict__ x_img, int y,
                                    int col0) const {
+    uint32_t range = store_body(row, slot);
+    if (tid < kLate && reaches_late(col0)) {
+      uint4 raw[kChannels];
+      load_item(raw, kBody + tid, x_img, y, col0);
+      range = store_late(raw, slot, range);
+    }
+    return range;
+  }
+  // The body alone, for a caller that brings the late items itself (store_late): the fold of what it stored.
+  __device__ uint32_t store_body(Row& row, unsigned char* slot) const {
     uint32_t range = 0;
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
       if (mine(k)) range = store_item(quieted(row.raw[k]), tid + k * kThreads, slot, range);
-    if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {
-      uint4 raw[kChannels];
-      load_item(raw, kBody + tid, x_img, y, col0);
-      range = store_item(quieted(raw), kBody + tid, slot, range);
-    }
     return range;
+  }
+  // Late item `tid` (tid < kLate), its channel vectors in `raw`, stored as store_folded stores it.
+  __device__ uint32_t store_late(uint4 (&raw)[kChannels], unsigned char* slot, uint32_t range) const {
+    return store_item(quieted(raw), kBody + tid, slot, range);
+  }
+  // Whether the row reaches the tile's last chunk (the late items): only then are they loaded and stored.
+  __device__ bool reaches_late(int col0) const { return col0 + (kChunks - 1) * kVec < W; }
+  // Channel c of late item i (16 bytes), for a caller that spreads the late items' loads over kLate * kChannels
+  // threads; only where the row reaches them (reaches_late) and vec16.
+  __device__ uint4 load_late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
+    return load_streaming(group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane);
   }
   // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
   // earlier row left there.
-  __device__ bool late_unstored(int col0) const { return !(col0 + (kChunks - 1) * kVec < W); }
+  __device__ bool late_unstored(int col0) const { return !reaches_late(col0); }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
     return false;

@@ -300,7 +300,7 @@ MUTANTS = {
     # the producer never loads the late items (each group's last chunk): in a row wider than the tile, the tile's
     # last two pixels read stale columns
     "late_items_never_loaded": (
-        "if (tid < kLate && col0 + (kChunks - 1) * kVec < W) {",
+        "if (tid < kLate && reaches_late(col0)) {",
         "if (false) {",
         [node("test_edge_shapes", "fused-tf32", "3x16x40x600"), node("test_edge_shapes", "fused-bf16", "3x16x40x600"),
          node("test_edge_shapes", "kernel-sm80_tf32", "3x16x40x600")],
@@ -610,7 +610,7 @@ MUTANTS = {
     ),
     # the fed dW's producer warps rank by their own warp's set of k, not the step's
     "grad_weight_fed_ranks_by_its_warp_alone": (
-        "uint64_t held = 0;  // the step's set of k: both warps'\n#pragma unroll\n"
+        "uint64_t held = 0;  // the step's set of k: every producer warp's\n#pragma unroll\n"
         "          for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];",
         "uint64_t held = held_words[warp];",
         ["test_training_weight_gradient_with_many_channels_a_step[H100]"],
@@ -620,6 +620,12 @@ MUTANTS = {
         "float* const at_k = sums + k_of_rank[rank] * G::kPartial + G::kEntries;",
         "float* const at_k = sums + rank * G::kPartial + G::kEntries;",
         ["test_training_weight_gradient_with_many_channels_a_step[A100]"],
+    ),
+    # the fed dW's producer never stages the late items' channel vectors: the threads that store them read stale ones
+    "grad_weight_fed_late_items_unstaged": (
+        "if (late_lane) late_stage[lane] = in.late;",
+        "if (false) late_stage[lane] = in.late;",
+        ["test_training_weight_gradient_with_many_channels_a_step[H100]"],
     ),
     # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_fed_never_walks": (

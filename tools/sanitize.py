@@ -105,7 +105,12 @@ def train(shapes):
                     tf32_dw = harness.routed_float64_grads(x, w, argmin, pre_min, g, harness.round_tf32)[1]
                     want = (want[0], tf32_dw, want[2])
                 errs = [harness.relative_error(a, t) for a, t in zip(grads, want)]
-                ok = max(errs) <= (1e-2 if spec.dtype != torch.float32 else 1e-5)
+                tols = [1e-2 if spec.dtype != torch.float32 else 1e-5] * 3
+                if precision == "tf32" and profile != "T4":
+                    # against the TF32-operand chain, as test_correctness.py holds it (TF32_OPERAND_TOL): an ulp of
+                    # the float32 gradient at the argmin near a TF32 rounding boundary moves a product by 2^-11
+                    tols[1] = 5e-5
+                ok = all(e <= t for e, t in zip(errs, tols))
                 failures += not ok
                 print(f"train {profile:5s} {precision:12s} {shape}: gradients x/w/b relative error "
                       f"{errs[0]:.1e} / {errs[1]:.1e} / {errs[2]:.1e}, ok {ok}", flush=True)

@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       // body (in registers), its late items (a channel vector a lane of warp 0, handed to the threads that store
       // them through shared memory, so that no warp waits for a load after the slot wait) and, with a step's newest
       // row, the step's record. Loading a row ahead (two rows in registers, with setmaxnreg moving registers from the
-      // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, v50).
+      // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, "Training and the
+      // saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
       const float up = GradWeightMma::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);

@@ -2373,9 +2373,6 @@ struct RowProducer {
   __device__ uint4 load_late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
     return load_streaming(group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane);
   }
-  // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
-  // earlier row left there.
-  __device__ bool late_unstored(int col0) const { return !reaches_late(col0); }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
     return false;
@@ -2738,7 +2735,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         return f;
       };
       const auto issue = [&](const Fetch& f, Loaded& in) {
-        if (!f.valid) return;
         if (producer.vec16) {
           producer.load(in.row, f.x_img, f.y, f.col0);
           if (late_lane && producer.reaches_late(f.col0))
@@ -2793,7 +2789,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           stored = producer.copy_folded_by_element(f.x_img, f.y, col0, slot);
         }
         const uint32_t largest = warp_max(stored);
-        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+        if (producer.vec16 && !producer.reaches_late(col0) && ptid < G::Producer::kLate) {
           // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
           // zeroed rather than left to an earlier row's infinities.
           unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +

@@ -1932,9 +1932,7 @@ ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 # chain on TF32-rounded operands (x and the gradient at the argmin, harness.round_tf32), and to the plain float64
 # chain with TF32's own error (two operands rounded to 11 bits).
 TF32_WEIGHT_GRAD_TOL = 2e-3
-# Against the TF32-operand chain: its gm is float64's rounded to float32, the kernel's is computed in float32, and
-# where the two differ by an ulp near a TF32 rounding boundary one product moves by 2^-11 (about 1e-5 in all).
-TF32_OPERAND_TOL = 5e-5
+TF32_OPERAND_TOL = harness.TF32_OPERAND_TOL  # against the TF32-operand chain
 
 
 def _weight_grad_on_tensor_cores(profile, precision):

@@ -193,7 +193,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         return f;
       };
       const auto issue = [&](const Fetch& f, Loaded& in) {
-        if (!f.valid) return;
         if (producer.vec16) {
           producer.load(in.row, f.x_img, f.y, f.col0);
           if (late_lane && producer.reaches_late(f.col0))
@@ -248,7 +247,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           stored = producer.copy_folded_by_element(f.x_img, f.y, col0, slot);
         }
         const uint32_t largest = warp_max(stored);
-        if (producer.vec16 && producer.late_unstored(col0) && ptid < G::Producer::kLate) {
+        if (producer.vec16 && !producer.reaches_late(col0) && ptid < G::Producer::kLate) {
           // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
           // zeroed rather than left to an earlier row's infinities.
           unsigned char* const late = slot + ptid * G::Geometry::kGroupBytes +

@@ -225,9 +225,6 @@ struct RowProducer {
   __device__ uint4 load_late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
     return load_streaming(group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane);
   }
-  // Whether this row's late items went unstored (the row ends within the tile): their slot columns keep what an
-  // earlier row left there.
-  __device__ bool late_unstored(int col0) const { return !reaches_late(col0); }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
     return false;

@@ -1932,7 +1932,6 @@ ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
 # chain on TF32-rounded operands (x and the gradient at the argmin, harness.round_tf32), and to the plain float64
 # chain with TF32's own error (two operands rounded to 11 bits).
 TF32_WEIGHT_GRAD_TOL = 2e-3
-TF32_OPERAND_TOL = harness.TF32_OPERAND_TOL  # against the TF32-operand chain
 
 
 def _weight_grad_on_tensor_cores(profile, precision):
@@ -1940,13 +1939,13 @@ def _weight_grad_on_tensor_cores(profile, precision):
 
 
 def _check_weight_grad(dw, x, w, argmin, pre_min, g, profile, precision, where):
-    """dW in TF32 on the tensor cores: the TF32-operand chain's within TF32_OPERAND_TOL, the plain chain's within
-    TF32_WEIGHT_GRAD_TOL. Returns the tolerance for the plain chain."""
+    """dW in TF32 on the tensor cores: the TF32-operand chain's within harness.TF32_OPERAND_TOL, the plain chain's
+    within TF32_WEIGHT_GRAD_TOL. Returns the tolerance for the plain chain."""
     if precision != "tf32" or not _weight_grad_on_tensor_cores(profile, precision):
         return ROUTED_TOL[precision]
     tf32_dw = harness.routed_float64_grads(x, w, argmin, pre_min, g, weight_operands=harness.round_tf32)[1]
     err = harness.relative_error(dw, tf32_dw)
-    assert err <= TF32_OPERAND_TOL, f"{where}: dw against the TF32-operand chain: {err}"
+    assert err <= harness.TF32_OPERAND_TOL, f"{where}: dw against the TF32-operand chain: {err}"
     return TF32_WEIGHT_GRAD_TOL
 # The saved pre-tanh min against the float64 conv's min: TF32 operand rounding, fp32 sums otherwise. Where the best
 # two channels of the float64 conv are further apart than ARGMIN_GAP, the saved argmin must be float64's.

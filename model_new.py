@@ -839,6 +839,7 @@ namespace kb25 {
 // Fp32OnF16x3): no weight scale, no range to guard.
 struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
+  static constexpr bool kRefits16 = false;  // 16-bit x converted on its way into the slots (the fed dW's bf16 x)
   static constexpr int kScratchBytes = 0;
   // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
   template <class E>
@@ -1747,53 +1748,14 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 #endif
 }
 
-// The tensor cores (TF32, bf16, fp16): a step's dW^T = X * G, with X (entries x pixels) the step's inputs and G
-// (pixels x k) gm[p] at (p, k(p)), zeros elsewhere. mma.sync m16n8k16 on fp16 operands, fp32 sums. Each chunk of 16
-// pixels (columns of the step) and block of 16 k has an A tile (G^T, 16 k x 16 pixels) in shared memory, all zeros
-// but where a pixel's k falls: the pixel's thread writes its gm there and clears it after the step. B = X: 16
-// pixels x 8 channels of one tap, by ldmatrix.trans from the ring's rows ([slot][column][16 channels], fp16). Only
-// the blocks a chunk holds are multiplied (each pixel thread sets its block's bit of its chunk's mask).
-// - x is rounded as the reference's TF32 conv rounds it (cvt.rna), then carried in fp16, which holds a TF32 value
-//   exactly if it is an fp16 normal; below 2^-14 fp16 keeps 2^-24 steps (bf16 and fp16 inputs are what they are).
-//   A step is walked instead (each entry's sum in fp32 on the CUDA cores, the inputs from global memory) where its
-//   window holds an input fp16 cannot hold (|x| >= 65520 after rounding, inf, NaN), or a row whose inputs are all
-//   below kSmallRow = 2^-10 (and not all zero): there fp16's steps would cost more than TF32's rounding. A row with an
-//   input of kSmallRow or more keeps its smaller ones within 2^-25 of their value, under 2^-15 of its largest.
-// - gm is scaled by 2^scale (exact), scale putting the largest finite |g| of the call in [2^14, 2^15): the operand
-//   is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the sums are unscaled in fp32 at the end. gm's factor
-//   (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 = tanh(m) is 1 or at least 2^-24 below it), so
-//   the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of that largest |g| is lost (as in any fp32
-//   sum that holds the largest). The scale stays within [-126, 126]: a largest |g| up to fp32's largest fits, and 2^-scale is a normal float.
-// - The bias: the same A tiles times a column of ones, and a second tile of what hi leaves (lo = gm * 2^scale - hi,
-//   times 2^11, in fp16): db's sums keep about 22 bits of each gm, as an fp32 sum does.
-// Warp w owns input row offset i = w / 2 and channels 8 (w % 2) ... + 7, for all three j and all 64 k: 4 blocks x 3
-// taps of m16n8 accumulators; warp 0 also the bias's.
-struct GradWeightMma : GradGeometry {
-  static constexpr int kCols = 128, kThreads = 192, kMinBlocks = 2;
-  static constexpr int kXCols = kCols + kKsize - 1;
-  static constexpr int kWalkers = kEntries + 1;  // for a walked step: the weight entries, then the bias
-  static constexpr int kPartial = GradWeight::kPartial;  // the partials write_partial writes
-  static constexpr int kChunk = 16, kChunks = kCols / kChunk, kBlocks = kCout / 16;
-  static constexpr int kQuads = kCin / 4;  // a row item: 4 channels of one column
-  static constexpr int kRowItems = kQuads * kXCols;
-  static constexpr int kRowPerThread = (kRowItems + kThreads - 1) / kThreads;
-  static constexpr int kColumnBytes = kCin * 2;
-  static constexpr int kSlotBytes = kXCols * kColumnBytes;
-  static constexpr int kXBytes = kKsize * kSlotBytes;
-  static constexpr int kTileBytes = 16 * 16 * 2;
-  static constexpr int kTilesBytes = kChunks * kBlocks * kTileBytes;  // hi, then lo
-  static constexpr int kSumBytes = kCout * kPartial * 4;
-  static constexpr int kPixelBytes = kCols * 8;  // (gm, k) by column, for a walked step
-  static constexpr int kMaskBytes = 48;  // the chunks' block masks, the scale's maximum, the ring rows' words
-  static constexpr uint32_t kSmallRowBits = 0x3A800000u;  // kSmallRow = 2^-10, its fp32 bits
-  static constexpr int kSmemBytes = kXBytes + 2 * kTilesBytes + kSumBytes + kPixelBytes + kMaskBytes;
-  static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 ones
-  // The 16-byte half h of a 32-byte row sits at h ^ ((row >> 2) & 1): an ldmatrix's 8 rows (columns of the ring;
-  // k rows of a tile) hit the 8 different 16-byte bank groups.
-  __device__ static int half_at(int row, int h) { return h ^ ((row >> 2) & 1); }
-  __device__ static int tile_offset(int chunk, int block, int r, int col) {
-    return (chunk * kBlocks + block) * kTileBytes + r * 32 + half_at(r, col >> 3) * 16 + (col & 7) * 2;
-  }
+// The tensor-core dW's gm operand (grad_weight_fed.cuh). gm is scaled by 2^scale (exact), scale putting the largest
+// finite |g| of the call in [2^14, 2^15): the operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the
+// sums are unscaled in fp32 at the end. gm's factor (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 =
+// tanh(m) is 1 or at least 2^-24 below it), so the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of
+// that largest |g| is lost (as in any fp32 sum that holds the largest). The scale stays within [-126, 126]: a
+// largest |g| up to fp32's largest fits, and 2^-scale is a normal float. db keeps what hi leaves too (lo = gm *
+// 2^scale - hi, times 2^11, in fp16): about 22 bits of each gm, as an fp32 sum does.
+struct GradScale {
   __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
   // The operand scale from the largest finite |g| (bits): that |g| times 2^scale in [2^14, 2^15), and 2^-scale a
   // normal float.
@@ -1816,233 +1778,7 @@ struct GradWeightMma : GradGeometry {
     const float rest = scaled - __half2float(__ushort_as_half((unsigned short)hi));
     lo = isfinite(scaled) ? Native16<__half>::pack2(rest * 2048.f, 0.f) & 0xFFFFu : 0u;
   }
-  static_assert(kThreads >= kWalkers && kThreads == 64 * kKsize && kThreads >= kCols, "layout");
-  static_assert(kCin == 16 && kKsize == 3 && kCols == 128, "a warp's B tiles: 8 channels of each of its 3 taps");
 };
-
-template <class Elem>
-__global__ void __launch_bounds__(GradWeightMma::kThreads, GradWeightMma::kMinBlocks)
-    conv3x3_min_tanh2_grad_weight_mma_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
-                                             const float* __restrict__ pre_min,
-                                             const unsigned char* __restrict__ argmin, float* __restrict__ partial,
-                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
-                                             int64_t total_steps) {
-  using G = GradWeightMma;
-  extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* const xs = smem;                                       // [slot][column][16 channels] fp16
-  unsigned char* const tiles = smem + G::kXBytes;                       // A tiles: hi, then lo
-  float* const sums = reinterpret_cast<float*>(smem + G::kXBytes + 2 * G::kTilesBytes);  // [k][kPartial]
-  float2* const pix = reinterpret_cast<float2*>(smem + G::kXBytes + 2 * G::kTilesBytes + G::kSumBytes);
-  unsigned char* const masks = reinterpret_cast<unsigned char*>(pix + G::kCols);  // blocks present, by chunk
-  uint32_t* const scale_max = reinterpret_cast<uint32_t*>(masks + G::kChunks);
-  // Per ring slot: (t << 1 | any input not 0), (t << 1 | any of kSmallRow or more), t the row's number in the CTA
-  // (from 1): each warp's atomicMax sets its OR without a clear, a later row's t being larger.
-  uint32_t* const row_words = scale_max + 1;
-  for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
-  for (int i = threadIdx.x; i < 2 * G::kTilesBytes / 16; i += blockDim.x) {
-    reinterpret_cast<uint4*>(tiles)[i] = make_uint4(0, 0, 0, 0);
-  }
-  if (threadIdx.x <= 2 * G::kKsize) scale_max[threadIdx.x] = 0;
-  __syncthreads();
-  const int scale = G::call_scale(maxima, scale_blocks, scale_max);
-  const float up = G::pow2(scale);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int e = threadIdx.x, walker_c = e / G::kTaps, walker_i = e % G::kTaps / G::kKsize, walker_j = e % G::kKsize;
-  uint64_t poisoned = 0;
-  const int wi = warp >> 1, wh = warp & 1;  // this warp's input row offset and channel half
-  float acc[G::kBlocks][G::kKsize][4], bias_hi[G::kBlocks][4], bias_lo[G::kBlocks][4];
-#pragma unroll
-  for (int b = 0; b < G::kBlocks; ++b) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-#pragma unroll
-      for (int j = 0; j < G::kKsize; ++j) acc[b][j][r] = 0.f;
-      bias_hi[b][r] = bias_lo[b][r] = 0.f;
-    }
-  }
-
-  const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
-  const int col_blocks = (OW + G::kCols - 1) / G::kCols;
-  int64_t begin, end;
-  step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
-  // Input row y of the strip: item at = 4 channels of one column, into registers, then rounded and stored.
-  float row_next[G::kRowPerThread][4];
-  uint32_t bad_slots = 0;  // bit i: this thread stored an input fp16 does not hold into ring slot i
-  uint32_t rows_stored = 0;
-  const auto load_row = [&](int64_t n, int cb, int y) {
-#pragma unroll
-    for (int u = 0; u < G::kRowPerThread; ++u) {
-      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = cb * G::kCols + at % G::kXCols;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        row_next[u][c] = 0.f;
-        if (at < G::kRowItems && col < W) {
-          row_next[u][c] = convert<float>(x[((n * G::kCin + 4 * quad + c) * H + y) * W + col]);
-        }
-      }
-    }
-  };
-  const auto store_row = [&](int y) {
-    unsigned char* const slot = xs + (y % G::kKsize) * G::kSlotBytes;
-    uint32_t over = 0, magnitudes = 0, largest = 0;  // OR and max of |x|'s bits
-#pragma unroll
-    for (int u = 0; u < G::kRowPerThread; ++u) {
-      const int at = threadIdx.x + u * G::kThreads, quad = at / G::kXCols, col = at % G::kXCols;
-      if (at < G::kRowItems) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const uint32_t a = __float_as_uint(row_next[u][c]) & 0x7FFFFFFFu;
-          magnitudes |= a;
-          largest = max(largest, a);
-        }
-        const uint32_t lo = Native16<__half>::pack2(round_to_tf32(row_next[u][0]), round_to_tf32(row_next[u][1]));
-        const uint32_t hi = Native16<__half>::pack2(round_to_tf32(row_next[u][2]), round_to_tf32(row_next[u][3]));
-        // bit 15 of a half set where its magnitude is 0x7C00 or more: infinity (an overflow too) or NaN
-        over |= ((lo & 0x7FFF7FFFu) + 0x04000400u) | ((hi & 0x7FFF7FFFu) + 0x04000400u);
-        *reinterpret_cast<uint2*>(slot + col * G::kColumnBytes + G::half_at(col, quad >> 1) * 16 + (quad & 1) * 8) =
-            make_uint2(lo, hi);
-      }
-    }
-    const uint32_t bit = 1u << (y % G::kKsize);
-    bad_slots = (over & 0x80008000u) != 0 ? bad_slots | bit : bad_slots & ~bit;
-    ++rows_stored;
-    // An infinity or a NaN counts as nonzero and large here: its row's steps are walked anyway (bad_slots).
-    const uint32_t any = warp_or((magnitudes != 0 ? 1u : 0u) | (largest >= G::kSmallRowBits ? 2u : 0u));
-    if (lane == 0) {
-      atomicMax(row_words + 2 * (y % G::kKsize), rows_stored << 1 | (any & 1u));
-      atomicMax(row_words + 2 * (y % G::kKsize) + 1, rows_stored << 1 | any >> 1);
-    }
-  };
-  // This thread's pixel (column threadIdx.x of a step), a step ahead.
-  Elem g_next{};
-  float m_next = 0.f;
-  int k_next = -1;
-  const auto load_pixel = [&](StripStep t) {
-    const int ox = t.cb * G::kCols + threadIdx.x;
-    k_next = -1;
-    if (threadIdx.x < G::kCols && ox < OW) {
-      const int64_t p = (t.n * OH + t.row) * OW + ox;
-      g_next = g[p];
-      m_next = pre_min[p];
-      k_next = argmin[p];
-    }
-  };
-  // ldmatrix rows of this lane: for B, column (pixel) lrow of a chunk at tap j = lj (x4: j 0 and 1) or 2 (x2); for
-  // A, row lrow of a tile, its 16-byte half lj.
-  const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1), lj = lane >> 4;
-  const int a_row = lrow * 32 + G::half_at(lrow, lj) * 16;
-  const uint32_t tiles_u32 = smem_u32(tiles);
-  StripStep step = StripStep::of(begin, OH, col_blocks);
-  if (begin < end) load_pixel(step);
-  int written = -1;  // where this thread's pixel wrote its tiles' entries (cleared after the step)
-  for (int64_t s = begin; s < end; ++s, step = step.following(OH, col_blocks)) {
-    const int oy = step.row, cb = step.cb;
-    const int64_t n = step.n;
-    if (s == begin || oy == 0) {
-      for (int i = 0; i < G::kKsize; ++i) {
-        load_row(n, cb, oy + i);
-        store_row(oy + i);
-      }
-    }
-    const int k = k_next;
-    const float gm = k >= 0 ? min_grad(convert<float>(g_next), m_next) : 0.f;
-    // The next step's row and pixels, in flight from here to the end of this step.
-    const bool next_continues = s + 1 < end && oy + 1 < OH;
-    if (next_continues) load_row(n, cb, oy + G::kKsize);
-    if (s + 1 < end) load_pixel(step.following(OH, col_blocks));
-    if (threadIdx.x < G::kCols) {
-      pix[threadIdx.x] = make_float2(gm, __int_as_float(k));
-      uint32_t block_bit = 0;
-      if (k >= 0) {
-        const float scaled = gm * up;
-        uint32_t hi, lo;
-        G::split_gm(scaled, hi, lo);
-        written = G::tile_offset(threadIdx.x / G::kChunk, k >> 4, k & 15, threadIdx.x % G::kChunk);
-        *reinterpret_cast<uint16_t*>(tiles + written) = (uint16_t)hi;
-        *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = (uint16_t)lo;
-        block_bit = 1u << (k >> 4);
-      }
-      // lanes 0-15 hold chunk 2 warp, lanes 16-31 chunk 2 warp + 1
-      const uint32_t first = warp_or(lane < 16 ? block_bit : 0u);
-      const uint32_t second = warp_or(lane < 16 ? 0u : block_bit);
-      if (lane == 0) {
-        masks[2 * warp] = (unsigned char)first;
-        masks[2 * warp + 1] = (unsigned char)second;
-      }
-    }
-    bool walk = __syncthreads_or(bad_slots != 0);
-    if constexpr (!std::is_same_v<Elem, __half>) {  // fp16 inputs are exact in the operands: nothing to walk for
-#pragma unroll
-      for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);
-    }
-    const int count = min(G::kCols, OW - cb * G::kCols);
-    if (walk) {  // inputs fp16 does not hold well: every entry's sum in fp32, pixel by pixel, inputs from global memory
-      if (e < G::kWalkers) {
-        const Elem* const my_x = x + ((n * G::kCin + walker_c) * H + oy + walker_i) * W + cb * G::kCols + walker_j;
-        const bool is_bias = e == G::kEntries;
-        for (int t = 0; t < count; ++t) {
-          const float2 p = pix[t];
-          const int kk = __float_as_int(p.y);
-          const float xv = is_bias ? 1.f : convert<float>(my_x[t]);
-          sums[kk * G::kPartial + e] = fmaf(p.x, xv, sums[kk * G::kPartial + e]);
-          if (!isfinite(xv)) poisoned |= ~(1ull << kk);
-        }
-      }
-    } else {
-      const uint32_t slot = smem_u32(xs + (oy + wi) % G::kKsize * G::kSlotBytes);
-#pragma unroll 2
-      for (int chunk = 0; chunk * G::kChunk < count; ++chunk) {
-        const uint32_t present = masks[chunk];
-        const int c01 = chunk * G::kChunk + lrow + lj, c2 = chunk * G::kChunk + lrow + 2;
-        uint32_t x01[4], x2[2];
-        ldmatrix_x4_trans(x01, slot + c01 * G::kColumnBytes + G::half_at(c01, wh) * 16);
-        ldmatrix_x2_trans(x2, slot + c2 * G::kColumnBytes + G::half_at(c2, wh) * 16);
-#pragma unroll
-        for (int b = 0; b < G::kBlocks; ++b) {
-          if (!((present >> b) & 1)) continue;
-          const uint32_t tile = tiles_u32 + (chunk * G::kBlocks + b) * G::kTileBytes + a_row;
-          uint32_t a[4];
-          ldmatrix_x4(a, tile);
-          mma_sync(acc[b][0], a, x01[0], x01[1], Operand<__half>{});
-          mma_sync(acc[b][1], a, x01[2], x01[3], Operand<__half>{});
-          mma_sync(acc[b][2], a, x2[0], x2[1], Operand<__half>{});
-          if (warp == 0) {  // the bias: A times a column of ones (lanes 0-3 hold B's column 0)
-            const uint32_t ones = lane < 4 ? G::kOnes : 0u;
-            uint32_t a_lo[4];
-            ldmatrix_x4(a_lo, tile + G::kTilesBytes);
-            mma_sync(bias_hi[b], a, ones, ones, Operand<__half>{});
-            mma_sync(bias_lo[b], a_lo, ones, ones, Operand<__half>{});
-          }
-        }
-      }
-    }
-    __syncthreads();  // the step is done with row oy's slot and the tiles
-    if (written >= 0) {
-      *reinterpret_cast<uint16_t*>(tiles + written) = 0;
-      *reinterpret_cast<uint16_t*>(tiles + G::kTilesBytes + written) = 0;
-      written = -1;
-    }
-    if (next_continues) store_row(oy + G::kKsize);
-  }
-  // acc[b][j]: rows k = 16 b + g (+ 8), columns c = 8 wh + 2 t (+ 1), entry (c, wi, j); each entry of the CTA's
-  // partial belongs to one lane. The bias: column 0 (lanes t = 0).
-  const float down = G::pow2(-scale);
-  const int gq = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int b = 0; b < G::kBlocks; ++b) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int kk = 16 * b + gq + 8 * (r >> 1), c = 8 * wh + 2 * tq + (r & 1);
-#pragma unroll
-      for (int j = 0; j < G::kKsize; ++j) sums[kk * G::kPartial + c * G::kTaps + wi * G::kKsize + j] += acc[b][j][r] * down;
-      if (warp == 0 && tq == 0 && (r & 1) == 0) {
-        sums[kk * G::kPartial + G::kEntries] += (bias_hi[b][r] + bias_lo[b][r] * (1.f / 2048.f)) * down;
-      }
-    }
-  }
-  __syncthreads();
-  write_partial(sums, poisoned, e, partial);
-}
 
 // The partials of `blocks` CTAs added in a fixed order; dw [k][entries] and db [k] (either may be null) in Elem. A
 // CTA takes kReduceOutputs consecutive outputs; slice s of them adds the partials s, s + kReduceSlices, ... in
@@ -2084,7 +1820,7 @@ __global__ void __launch_bounds__(kReduceOutputs * kReduceSlices) conv3x3_min_ta
 }
 
 }  // namespace kb25
-// dW and db for float32 x (TF32) on the fp16 tensor cores, fed by the forward's producer and row ring.
+// dW and db on the fp16 tensor cores, fed by the forward's producer and row ring: float32 x (TF32), bf16 and fp16 x.
 
 
 // The producer: input row segments from global memory into a slot's layout.
@@ -2232,7 +1968,8 @@ struct RowProducer {
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
   // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
-  // it came from; unchanged otherwise).
+  // it came from), where a 16-bit tag refits x (Precision::kRefits16, the fed dW's) its raw words (fold2); unchanged
+  // otherwise.
   __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
@@ -2246,6 +1983,10 @@ struct RowProducer {
       uint32_t w[kVec][4];
 #pragma unroll
       for (int c = 0; c < kVec; ++c) {
+        if constexpr (Precision::kRefits16) {  // the fed dW's 16-bit x: its magnitudes folded
+          range = Precision::fold2(Precision::fold2(Precision::fold2(Precision::fold2(range, raw[c].x), raw[c].y),
+                                                    raw[c].z), raw[c].w);
+        }
         w[c][0] = swap ? raw[c].y : raw[c].x;
         w[c][1] = swap ? raw[c].x : raw[c].y;
         w[c][2] = swap ? raw[c].w : raw[c].z;
@@ -2255,10 +1996,13 @@ struct RowProducer {
       for (int jj = 0; jj < kVec; ++jj) {
         const int q = jj >> 1;
         const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
-        store_column(dst + (jj ^ x) * 16, make_uint4(__byte_perm(w[0][q], w[1][q], sel),
-                                                     __byte_perm(w[2][q], w[3][q], sel),
-                                                     __byte_perm(w[4][q], w[5][q], sel),
-                                                     __byte_perm(w[6][q], w[7][q], sel)));
+        uint32_t col[4] = {__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
+                           __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel)};
+        if constexpr (Precision::kRefits16) {  // into fp16
+#pragma unroll
+          for (int i = 0; i < 4; ++i) col[i] = Precision::refit2(col[i]);
+        }
+        store_column(dst + (jj ^ x) * 16, make_uint4(col[0], col[1], col[2], col[3]));
       }
     } else if constexpr (kNarrows) {
       static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");
@@ -2430,6 +2174,9 @@ struct RowProducer {
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
+          } else if constexpr (Precision::kRefits16) {
+            range = Precision::fold2(range, e);
+            *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = (Bits)Precision::refit2(e);
           } else {
             *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
           }
@@ -2566,7 +2313,38 @@ struct Tf32OnF16Walked : Tf32OnF16 {
   __device__ static bool range_lists(uint32_t largest) {
     return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
   }
+  // The fold's largest |x|, as fp32 bits: the fold itself.
+  __device__ static uint32_t largest(uint32_t range) { return range; }
 };
+
+// The producer's tag for the fed dW of 16-bit x: the slots hold fp16, as for float32 x. bf16 x is converted (refit2:
+// exact within fp16's normal range; below it, to fp16's subnormal spacing; 65536 and above become infinities), fp16
+// x goes as it is. The fold is the largest magnitude of each half of the thread's raw words (fold2, 16-bit bits), and
+// largest() turns it into fp32 bits, so that a row walks by Tf32OnF16Walked's bounds (kTooLarge, kSmallRow): an
+// input fp16 does not hold (bf16 65536 and above, fp16 65504 too, +-inf, NaN), or a row nonzero but all below 2^-10.
+template <class XElem_>
+struct Sixteen2F16Walked : Native16<__half> {
+  static_assert(std::is_same_v<XElem_, __nv_bfloat16> || std::is_same_v<XElem_, __half>, "bf16 or fp16 x");
+  using XElem = XElem_;
+  static constexpr bool kRefits16 = true;
+  static constexpr bool kBf16X = std::is_same_v<XElem_, __nv_bfloat16>;
+  static constexpr uint32_t kTooLarge = Tf32OnF16Walked::kTooLarge, kSmallRow = Tf32OnF16Walked::kSmallRow;
+  // Two x values (a word, lo in the low half) as two fp16 values.
+  __device__ static uint32_t refit2(uint32_t w) {
+    if constexpr (kBf16X) return pack2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+    return w;
+  }
+  __device__ static uint32_t fold2(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFF7FFFu); }
+  __device__ static uint32_t largest(uint32_t range) {
+    const uint32_t m = max(range & 0xFFFFu, range >> 16);
+    if constexpr (kBf16X) return m << 16;
+    return __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));
+  }
+};
+
+// The fed dW's producer tag for x of type Elem.
+template <class Elem>
+using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, Sixteen2F16Walked<Elem>>;
 
 // dW^T for one input row offset i: D[c][k] = sum over pixels p of x[c, p + (i, j)] * G[p][k], G the one-hot (pixels x
 // k) matrix that holds gm at (p, k(p)). mma.sync m16n8k16: A = x^T (16 channels x 16 pixels of one tap, by
@@ -2586,12 +2364,14 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
 // each chunk's mask of the batches it holds, the k of each rank, and each producer warp's set of k (a walked step
-// reads gm's parts from global memory). gm's scale is GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+
+// reads gm's parts from global memory). gm's scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+
 // GPU but the 99 KB ones.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its rank: one accumulator, sum of (hi + lo * 2^-11) a rank, two MMAs a chunk and batch.
-struct GradWeightFed : GradGeometry {
-  using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
+template <class XElem>
+struct GradWeightFedOf : GradGeometry {
+  using Tag = FedTag<XElem>;
+  using Geometry = ConvGeometry<Tag, 256, false>;
   static constexpr int kCols = Geometry::kTileCols;
   static constexpr int kProducerWarps = 4, kProducerThreads = 32 * kProducerWarps;
   static constexpr int kRowWarps = kKsize;                   // warp i sums input row offset i
@@ -2640,17 +2420,21 @@ struct GradWeightFed : GradGeometry {
   static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
+// What the launcher needs (threads, shared memory, step width) is the same for every x type.
+using GradWeightFed = GradWeightFedOf<float>;
+static_assert(GradWeightFedOf<__half>::kSmemBytes == GradWeightFed::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16>::kSmemBytes == GradWeightFed::kSmemBytes,
+              "one launch shape for every x type");
 
 template <class Elem>
 __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBlocks)
-    conv3x3_min_tanh2_grad_weight_fed_kernel(const float* __restrict__ x, const float* __restrict__ g,
+    conv3x3_min_tanh2_grad_weight_fed_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
                                              const float* __restrict__ pre_min,
                                              const unsigned char* __restrict__ argmin, float* __restrict__ partial,
                                              const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
                                              int64_t total_steps) {
-  static_assert(std::is_same_v<Elem, float>, "float32 x: the TF32 carrier's producer");
   if constexpr (kHasFused) {
-    using G = GradWeightFed;
+    using G = GradWeightFedOf<Elem>;
     extern __shared__ __align__(128) unsigned char smem[];
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
     uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
@@ -2660,7 +2444,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
     const auto walk_words = [](const unsigned char* slot) {
       return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
     };
-    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (the tag's range_lists).
     const auto row_walks = [&](const unsigned char* slot) {
       uint32_t bits = 0;
 #pragma unroll
@@ -2685,7 +2469,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       *scale_max = 0;
     }
     __syncthreads();
-    const int scale = GradWeightMma::call_scale(maxima, scale_blocks, scale_max);
+    const int scale = GradScale::call_scale(maxima, scale_blocks, scale_max);
     const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
     const int col_blocks = (OW + G::kCols - 1) / G::kCols;
     int64_t begin, end;
@@ -2701,11 +2485,11 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, "Training and the
       // saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
-      const float up = GradWeightMma::pow2(scale);
+      const float up = GradScale::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
       // A row to load: where it is, and whether it is a step's newest (it carries the step's record).
       struct Fetch {
-        const float* x_img;
+        const Elem* x_img;
         int64_t out_row;  // the step's output row, from its pixel 0 (record)
         int y, col0;
         bool valid, record;
@@ -2748,7 +2532,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             in.kv[u] = -1;
             in.gv[u] = in.mv[u] = 0.f;
             if (ox < OW) {
-              in.gv[u] = g[f.out_row + ptid + G::kProducerThreads * u];
+              in.gv[u] = convert<float>(g[f.out_row + ptid + G::kProducerThreads * u]);
               in.mv[u] = pre_min[f.out_row + ptid + G::kProducerThreads * u];
               in.kv[u] = argmin[f.out_row + ptid + G::kProducerThreads * u];
             }
@@ -2788,7 +2572,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         } else {
           stored = producer.copy_folded_by_element(f.x_img, f.y, col0, slot);
         }
-        const uint32_t largest = warp_max(stored);
+        const uint32_t largest = warp_max(G::Tag::largest(stored));
         if (producer.vec16 && !producer.reaches_late(col0) && ptid < G::Producer::kLate) {
           // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
           // zeroed rather than left to an earlier row's infinities.
@@ -2798,8 +2582,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
         }
         if (lane == 0) {
-          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
-                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= G::Tag::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= G::Tag::kSmallRow ? G::kLargeBit : 0u) |
                                    (largest != 0 ? G::kNonzeroBit : 0u);
         }
         if (f.record) {
@@ -2830,7 +2614,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const float gm = k >= 0 ? min_grad(in.gv[u], in.mv[u]) : 0.f;
             const float scaled = gm * up;
             uint32_t hi, small;
-            GradWeightMma::split_gm(scaled, hi, small);
+            GradScale::split_gm(scaled, hi, small);
             const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
@@ -2859,7 +2643,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       const int gq = lane >> 2, tq = lane & 3;
       // A batch's sums go into the CTA's, unscaled, beside the walked steps' (another lane of this warp walks each
       // entry: a __syncwarp after every step).
-      const float down = GradWeightMma::pow2(-scale);
+      const float down = GradScale::pow2(-scale);
       // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
       // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
       const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
@@ -2891,12 +2675,12 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const int e = entry_of(q);
             const bool is_bias = e == G::kEntries;
             const int c = e / G::kTaps, j = e % G::kKsize;
-            const float* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
+            const Elem* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
 #pragma unroll 1
             for (int t = 0; t < count; ++t) {
               const int kk = (int)((hk[t] >> 16) & 0xFFu);
-              const float xv = is_bias ? 1.f : xr[t];
-              const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
+              const float xv = is_bias ? 1.f : convert<float>(xr[t]);
+              const float gm = min_grad(convert<float>(g[out_row + t]), pre_min[out_row + t]);
               sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
               if (!isfinite(xv)) poisoned[q] |= ~(1ull << kk);
             }
@@ -4764,31 +4548,32 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
 template <int kCols = kb25::GradWeight::kCols>
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
-  static_assert(G::kCols == kb25::GradWeightMma::kCols, "the walkers and the smem-tile kernel take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
   return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
+// CTAs an SM of the dW kernel for x of type Elem: the fed one on the tensor cores, else the walkers.
+template <class Elem>
+struct GradWeightPerSm {
+  static cudaError_t run(bool tensor_cores, int* per_sm) {
+    using Walk = kb25::GradWeight;
+    using Fed = kb25::GradWeightFed;
+    if (!tensor_cores) {
+      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                   per_sm);
+    }
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>>(Fed::kThreads, Fed::kSmemBytes,
+                                                                                     per_sm);
+  }
+};
+
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
 // steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
-// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+// kernel: the fed one on the tensor cores (every x type), else the walkers.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             bool tensor_cores, int* blocks) {
-  using Walk = kb25::GradWeight;
-  using Mma = kb25::GradWeightMma;
-  using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  cudaError_t err;
-  if (!tensor_cores) {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                  &per_sm);
-  } else if (elem == kb25::kElemFloat32) {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                      &per_sm);
-  } else {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                       &per_sm);
-  }
+  const cudaError_t err = by_elem<GradWeightPerSm>(elem, tensor_cores, &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -4815,25 +4600,17 @@ struct LaunchGradWeight {
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      if constexpr (std::is_same_v<Elem, float>) {  // TF32: the fed kernel (grad_weight_fed.cuh)
-        using F = kb25::GradWeightFed;
-        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
-        const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
-        if (err != cudaSuccess) return err;
-        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
-        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
-        const int scale_blocks = blocks;
-        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
-                                                             W, fed_steps);
-      } else {  // bf16, fp16: the smem-tile kernel
-        using M = kb25::GradWeightMma;
-        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
-        const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
-        if (err != cudaSuccess) return err;
-        kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H,
-                                                             W, steps);
-      }
+      // The fed kernel (grad_weight_fed.cuh).
+      using F = kb25::GradWeightFed;
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+      const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+      const int scale_blocks = blocks;
+      blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+      kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                           W, fed_steps);
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);

@@ -791,11 +791,10 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
     assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient for float32 x and the
-    # smem-tile one for 16-bit x
+    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient
     dtypes = len(model_new.ARGMIN_BACKWARD_DTYPES)
-    for part, count in (("grad_input_kernel", dtypes), ("grad_weight_kernel", dtypes), ("grad_weight_fed_kernel", 1),
-                        ("grad_weight_mma_kernel", dtypes - 1), ("grad_weight_reduce_kernel", dtypes)):
+    for part, count in (("grad_input_kernel", dtypes), ("grad_weight_kernel", dtypes),
+                        ("grad_weight_fed_kernel", dtypes), ("grad_weight_reduce_kernel", dtypes)):
         assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == count, (part, list(kernels))
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
@@ -1920,10 +1919,11 @@ def test_sass_uses_tensor_cores_without_local_memory():
 # of GPU through emulate_device: H100 runs the wgmma kernels' saving variants, A100 the mma.sync ones, A10G the 99 KB
 # strict one, T4 cuDNN + torch.min's argmin. Every profile runs the same backward kernels.
 TRAIN_PROFILES = ["H100", "A100", "A10G", "T4"]
-# Ragged shapes: a second column block that is partly empty (dW steps are 256 columns in TF32, 128 in 16-bit and
-# strict fp32; dX steps 256), the smallest input, one tall and narrow.
+# Ragged shapes: a second column block that is partly empty (dW steps are 256 columns on the tensor cores, 128 on
+# the CUDA cores; dX steps 256) with rows of whole 16-byte loads in every dtype (the first), the smallest input, one
+# tall and narrow; all but the first are loaded element by element in 16-bit.
 # The last has many steps per backward CTA (the dW row ring and both kernels' prefetches).
-TRAIN_SHAPES = [(3, 16, 37, 300), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5), (16, 16, 258, 130)]
+TRAIN_SHAPES = [(3, 16, 37, 296), (2, 16, 19, 131), (1, 16, 3, 3), (2, 16, 70, 5), (16, 16, 258, 130)]
 # Gradients through our argmin against the float64 chain through the same argmin (relative, per tensor): fp32 sums
 # for float32; one rounding to the element type for 16-bit.
 ROUTED_TOL = {"tf32": 1e-5, "strict_fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
@@ -2260,7 +2260,7 @@ def test_training_weight_gradient_with_many_channels_a_step(profile, tf32_defaul
 @needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 def test_training_16bit_weight_gradient_walks_tiny_rows(profile, tf32_default):
-    """bf16 x all far below fp16's normals (rand * 1e-7): the smem-tile weight gradient carries bf16 x in fp16, whose
+    """bf16 x all far below fp16's normals (rand * 1e-7): the fed weight gradient carries bf16 x in fp16, whose
     2^-24 steps would round most of it to 0 or 6e-8, so its windows are summed in fp32 instead, and dW is the float64
     chain's within bf16's one rounding."""
     new, x, g, _ = _train_setup(profile, "bf16", (2, 16, 40, 152), seed=68)
@@ -2278,7 +2278,7 @@ def test_training_16bit_weight_gradient_walks_tiny_rows(profile, tf32_default):
 @needs_cuda
 @pytest.mark.parametrize("precision", ["strict_fp32", "tf32", "fp16"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 132)], ids=["one_step", "many_steps"])
+@pytest.mark.parametrize("shape", [(2, 16, 20, 30), (16, 16, 258, 136)], ids=["one_step", "many_steps"])
 def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precision, forward_mode, tf32_default):
     """NaN inputs: NaN where the reference's dense chain has NaN (dW for every channel at the NaN's taps: 0 * NaN; dX
     around it), its values elsewhere; on a shape where each backward CTA runs many steps, with NaNs in interior rows
@@ -2288,8 +2288,8 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
     chain through the saved argmin (near-ties of a large shape could route a pixel differently from the reference's
     own conv), and on the small shape with the reference itself (float32 only: with the infinite weight, cuDNN's fp16
     backward gave dX another NaN pattern than the float64 chain on the H200, which the kernels match). Strict fp32
-    runs the CUDA-core weight gradient; TF32 the fed tensor-core one and fp16 the smem-tile one, whose steps with a
-    NaN in their window are summed by their fp32 walkers."""
+    runs the CUDA-core weight gradient; TF32 and fp16 the fed tensor-core one, whose steps with a NaN in their
+    window are summed by its fp32 walkers."""
     new, x, g, spec = _train_setup(profile, precision, shape, seed=63)
     n, _, h, w = shape
     x[0, 3, h // 4, w // 4] = float("nan")

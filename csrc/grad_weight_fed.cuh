@@ -1,4 +1,4 @@
-// dW and db for float32 x (TF32) on the fp16 tensor cores, fed by the forward's producer and row ring.
+// dW and db on the fp16 tensor cores, fed by the forward's producer and row ring: float32 x (TF32), bf16 and fp16 x.
 #pragma once
 
 #include "backward.cuh"
@@ -24,7 +24,38 @@ struct Tf32OnF16Walked : Tf32OnF16 {
   __device__ static bool range_lists(uint32_t largest) {
     return largest >= kTooLarge || (largest != 0 && largest < kSmallRow);
   }
+  // The fold's largest |x|, as fp32 bits: the fold itself.
+  __device__ static uint32_t largest(uint32_t range) { return range; }
 };
+
+// The producer's tag for the fed dW of 16-bit x: the slots hold fp16, as for float32 x. bf16 x is converted (refit2:
+// exact within fp16's normal range; below it, to fp16's subnormal spacing; 65536 and above become infinities), fp16
+// x goes as it is. The fold is the largest magnitude of each half of the thread's raw words (fold2, 16-bit bits), and
+// largest() turns it into fp32 bits, so that a row walks by Tf32OnF16Walked's bounds (kTooLarge, kSmallRow): an
+// input fp16 does not hold (bf16 65536 and above, fp16 65504 too, +-inf, NaN), or a row nonzero but all below 2^-10.
+template <class XElem_>
+struct Sixteen2F16Walked : Native16<__half> {
+  static_assert(std::is_same_v<XElem_, __nv_bfloat16> || std::is_same_v<XElem_, __half>, "bf16 or fp16 x");
+  using XElem = XElem_;
+  static constexpr bool kRefits16 = true;
+  static constexpr bool kBf16X = std::is_same_v<XElem_, __nv_bfloat16>;
+  static constexpr uint32_t kTooLarge = Tf32OnF16Walked::kTooLarge, kSmallRow = Tf32OnF16Walked::kSmallRow;
+  // Two x values (a word, lo in the low half) as two fp16 values.
+  __device__ static uint32_t refit2(uint32_t w) {
+    if constexpr (kBf16X) return pack2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+    return w;
+  }
+  __device__ static uint32_t fold2(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFF7FFFu); }
+  __device__ static uint32_t largest(uint32_t range) {
+    const uint32_t m = max(range & 0xFFFFu, range >> 16);
+    if constexpr (kBf16X) return m << 16;
+    return __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));
+  }
+};
+
+// The fed dW's producer tag for x of type Elem.
+template <class Elem>
+using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, Sixteen2F16Walked<Elem>>;
 
 // dW^T for one input row offset i: D[c][k] = sum over pixels p of x[c, p + (i, j)] * G[p][k], G the one-hot (pixels x
 // k) matrix that holds gm at (p, k(p)). mma.sync m16n8k16: A = x^T (16 channels x 16 pixels of one tap, by
@@ -44,12 +75,14 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
 // each chunk's mask of the batches it holds, the k of each rank, and each producer warp's set of k (a walked step
-// reads gm's parts from global memory). gm's scale is GradWeightMma's. At 79 KB two CTAs fit an SM on every sm_80+
+// reads gm's parts from global memory). gm's scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+
 // GPU but the 99 KB ones.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its rank: one accumulator, sum of (hi + lo * 2^-11) a rank, two MMAs a chunk and batch.
-struct GradWeightFed : GradGeometry {
-  using Geometry = ConvGeometry<Tf32OnF16Walked, 256, false>;
+template <class XElem>
+struct GradWeightFedOf : GradGeometry {
+  using Tag = FedTag<XElem>;
+  using Geometry = ConvGeometry<Tag, 256, false>;
   static constexpr int kCols = Geometry::kTileCols;
   static constexpr int kProducerWarps = 4, kProducerThreads = 32 * kProducerWarps;
   static constexpr int kRowWarps = kKsize;                   // warp i sums input row offset i
@@ -98,17 +131,21 @@ struct GradWeightFed : GradGeometry {
   static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
+// What the launcher needs (threads, shared memory, step width) is the same for every x type.
+using GradWeightFed = GradWeightFedOf<float>;
+static_assert(GradWeightFedOf<__half>::kSmemBytes == GradWeightFed::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16>::kSmemBytes == GradWeightFed::kSmemBytes,
+              "one launch shape for every x type");
 
 template <class Elem>
 __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBlocks)
-    conv3x3_min_tanh2_grad_weight_fed_kernel(const float* __restrict__ x, const float* __restrict__ g,
+    conv3x3_min_tanh2_grad_weight_fed_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
                                              const float* __restrict__ pre_min,
                                              const unsigned char* __restrict__ argmin, float* __restrict__ partial,
                                              const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
                                              int64_t total_steps) {
-  static_assert(std::is_same_v<Elem, float>, "float32 x: the TF32 carrier's producer");
   if constexpr (kHasFused) {
-    using G = GradWeightFed;
+    using G = GradWeightFedOf<Elem>;
     extern __shared__ __align__(128) unsigned char smem[];
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
     uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
@@ -118,7 +155,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
     const auto walk_words = [](const unsigned char* slot) {
       return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
     };
-    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (Tf32OnF16Walked::range_lists).
+    // Whether the row in `slot` walks its windows: its producer warps' bits, ORed (the tag's range_lists).
     const auto row_walks = [&](const unsigned char* slot) {
       uint32_t bits = 0;
 #pragma unroll
@@ -143,7 +180,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       *scale_max = 0;
     }
     __syncthreads();
-    const int scale = GradWeightMma::call_scale(maxima, scale_blocks, scale_max);
+    const int scale = GradScale::call_scale(maxima, scale_blocks, scale_max);
     const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
     const int col_blocks = (OW + G::kCols - 1) / G::kCols;
     int64_t begin, end;
@@ -159,11 +196,11 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, "Training and the
       // saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
-      const float up = GradWeightMma::pow2(scale);
+      const float up = GradScale::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
       // A row to load: where it is, and whether it is a step's newest (it carries the step's record).
       struct Fetch {
-        const float* x_img;
+        const Elem* x_img;
         int64_t out_row;  // the step's output row, from its pixel 0 (record)
         int y, col0;
         bool valid, record;
@@ -206,7 +243,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             in.kv[u] = -1;
             in.gv[u] = in.mv[u] = 0.f;
             if (ox < OW) {
-              in.gv[u] = g[f.out_row + ptid + G::kProducerThreads * u];
+              in.gv[u] = convert<float>(g[f.out_row + ptid + G::kProducerThreads * u]);
               in.mv[u] = pre_min[f.out_row + ptid + G::kProducerThreads * u];
               in.kv[u] = argmin[f.out_row + ptid + G::kProducerThreads * u];
             }
@@ -246,7 +283,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         } else {
           stored = producer.copy_folded_by_element(f.x_img, f.y, col0, slot);
         }
-        const uint32_t largest = warp_max(stored);
+        const uint32_t largest = warp_max(G::Tag::largest(stored));
         if (producer.vec16 && !producer.reaches_late(col0) && ptid < G::Producer::kLate) {
           // The row ends within the tile: the late chunk's columns, which pixels past the row read (times B's zeros),
           // zeroed rather than left to an earlier row's infinities.
@@ -256,8 +293,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
           for (int i = 0; i < G::Producer::kVec; ++i) reinterpret_cast<uint4*>(late)[i] = make_uint4(0, 0, 0, 0);
         }
         if (lane == 0) {
-          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= Tf32OnF16Walked::kTooLarge ? G::kTooLargeBit : 0u) |
-                                   (largest >= Tf32OnF16Walked::kSmallRow ? G::kLargeBit : 0u) |
+          walk_words(slot)[warp] = (row_no + 1) << 3 | (largest >= G::Tag::kTooLarge ? G::kTooLargeBit : 0u) |
+                                   (largest >= G::Tag::kSmallRow ? G::kLargeBit : 0u) |
                                    (largest != 0 ? G::kNonzeroBit : 0u);
         }
         if (f.record) {
@@ -288,7 +325,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const float gm = k >= 0 ? min_grad(in.gv[u], in.mv[u]) : 0.f;
             const float scaled = gm * up;
             uint32_t hi, small;
-            GradWeightMma::split_gm(scaled, hi, small);
+            GradScale::split_gm(scaled, hi, small);
             const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
@@ -317,7 +354,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       const int gq = lane >> 2, tq = lane & 3;
       // A batch's sums go into the CTA's, unscaled, beside the walked steps' (another lane of this warp walks each
       // entry: a __syncwarp after every step).
-      const float down = GradWeightMma::pow2(-scale);
+      const float down = GradScale::pow2(-scale);
       // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
       // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
       const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
@@ -349,12 +386,12 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const int e = entry_of(q);
             const bool is_bias = e == G::kEntries;
             const int c = e / G::kTaps, j = e % G::kKsize;
-            const float* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
+            const Elem* const xr = is_bias ? x : x + ((at.n * G::kCin + c) * H + at.oy + cw) * (int64_t)W + col0 + j;
 #pragma unroll 1
             for (int t = 0; t < count; ++t) {
               const int kk = (int)((hk[t] >> 16) & 0xFFu);
-              const float xv = is_bias ? 1.f : xr[t];
-              const float gm = min_grad(g[out_row + t], pre_min[out_row + t]);
+              const float xv = is_bias ? 1.f : convert<float>(xr[t]);
+              const float gm = min_grad(convert<float>(g[out_row + t]), pre_min[out_row + t]);
               sums[kk * G::kPartial + e] = fmaf(gm, xv, sums[kk * G::kPartial + e]);
               if (!isfinite(xv)) poisoned[q] |= ~(1ull << kk);
             }

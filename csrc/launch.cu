@@ -244,31 +244,32 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
 template <int kCols = kb25::GradWeight::kCols>
 static int64_t grad_weight_steps(int64_t N, int H, int W) {
   using G = kb25::GradWeight;
-  static_assert(G::kCols == kb25::GradWeightMma::kCols, "the walkers and the smem-tile kernel take the same steps");
   const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
   return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
+// CTAs an SM of the dW kernel for x of type Elem: the fed one on the tensor cores, else the walkers.
+template <class Elem>
+struct GradWeightPerSm {
+  static cudaError_t run(bool tensor_cores, int* per_sm) {
+    using Walk = kb25::GradWeight;
+    using Fed = kb25::GradWeightFed;
+    if (!tensor_cores) {
+      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
+                                                                                   per_sm);
+    }
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>>(Fed::kThreads, Fed::kSmemBytes,
+                                                                                     per_sm);
+  }
+};
+
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
 // steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
-// kernel: the fed one for float32 x on the tensor cores, the smem-tile one for 16-bit x, else the walkers.
+// kernel: the fed one on the tensor cores (every x type), else the walkers.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             bool tensor_cores, int* blocks) {
-  using Walk = kb25::GradWeight;
-  using Mma = kb25::GradWeightMma;
-  using Fed = kb25::GradWeightFed;
   int per_sm = 0;
-  cudaError_t err;
-  if (!tensor_cores) {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<float>>(Walk::kThreads, Walk::kSmemBytes,
-                                                                                  &per_sm);
-  } else if (elem == kb25::kElemFloat32) {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<float>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                      &per_sm);
-  } else {
-    err = resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<__half>>(Mma::kThreads, Mma::kSmemBytes,
-                                                                                       &per_sm);
-  }
+  const cudaError_t err = by_elem<GradWeightPerSm>(elem, tensor_cores, &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -295,25 +296,17 @@ struct LaunchGradWeight {
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      if constexpr (std::is_same_v<Elem, float>) {  // TF32: the fed kernel (grad_weight_fed.cuh)
-        using F = kb25::GradWeightFed;
-        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
-        const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
-        if (err != cudaSuccess) return err;
-        // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
-        const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
-        const int scale_blocks = blocks;
-        blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-        kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
-                                                             W, fed_steps);
-      } else {  // bf16, fp16: the smem-tile kernel
-        using M = kb25::GradWeightMma;
-        constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_mma_kernel<Elem>;
-        const cudaError_t err = opt_in_shared_memory<kernel>(M::kSmemBytes);
-        if (err != cudaSuccess) return err;
-        kernel<<<blocks, M::kThreads, M::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, blocks, H,
-                                                             W, steps);
-      }
+      // The fed kernel (grad_weight_fed.cuh).
+      using F = kb25::GradWeightFed;
+      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
+      const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+      if (err != cudaSuccess) return err;
+      // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
+      const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+      const int scale_blocks = blocks;
+      blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
+      kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
+                                                           W, fed_steps);
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);

@@ -10,6 +10,7 @@ namespace kb25 {
 // Fp32OnF16x3): no weight scale, no range to guard.
 struct UnscaledOperands {
   static constexpr bool kGuardsRange = false;
+  static constexpr bool kRefits16 = false;  // 16-bit x converted on its way into the slots (the fed dW's bf16 x)
   static constexpr int kScratchBytes = 0;
   // A weight or the bias as the kernel reads it (x's type) to Elem: the same value (Native16FromF32 rounds it).
   template <class E>

@@ -84,7 +84,8 @@ struct RowProducer {
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
   // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
-  // it came from; unchanged otherwise).
+  // it came from), where a 16-bit tag refits x (Precision::kRefits16, the fed dW's) its raw words (fold2); unchanged
+  // otherwise.
   __device__ uint32_t store_item(const uint4 (&raw)[kChannels], int item, unsigned char* slot, uint32_t range) const {
     int grp, chunk;
     place(item, grp, chunk);
@@ -98,6 +99,10 @@ struct RowProducer {
       uint32_t w[kVec][4];
 #pragma unroll
       for (int c = 0; c < kVec; ++c) {
+        if constexpr (Precision::kRefits16) {  // the fed dW's 16-bit x: its magnitudes folded
+          range = Precision::fold2(Precision::fold2(Precision::fold2(Precision::fold2(range, raw[c].x), raw[c].y),
+                                                    raw[c].z), raw[c].w);
+        }
         w[c][0] = swap ? raw[c].y : raw[c].x;
         w[c][1] = swap ? raw[c].x : raw[c].y;
         w[c][2] = swap ? raw[c].w : raw[c].z;
@@ -107,10 +112,13 @@ struct RowProducer {
       for (int jj = 0; jj < kVec; ++jj) {
         const int q = jj >> 1;
         const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
-        store_column(dst + (jj ^ x) * 16, make_uint4(__byte_perm(w[0][q], w[1][q], sel),
-                                                     __byte_perm(w[2][q], w[3][q], sel),
-                                                     __byte_perm(w[4][q], w[5][q], sel),
-                                                     __byte_perm(w[6][q], w[7][q], sel)));
+        uint32_t col[4] = {__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
+                           __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel)};
+        if constexpr (Precision::kRefits16) {  // into fp16
+#pragma unroll
+          for (int i = 0; i < 4; ++i) col[i] = Precision::refit2(col[i]);
+        }
+        store_column(dst + (jj ^ x) * 16, make_uint4(col[0], col[1], col[2], col[3]));
       }
     } else if constexpr (kNarrows) {
       static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");
@@ -282,6 +290,9 @@ struct RowProducer {
           } else if constexpr (sizeof(Elem) == 4) {
             const uint32_t w[1] = {e};
             put<true>(dst + i * 16 + c * 4, w);
+          } else if constexpr (Precision::kRefits16) {
+            range = Precision::fold2(range, e);
+            *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = (Bits)Precision::refit2(e);
           } else {
             *reinterpret_cast<Bits*>(dst + i * 16 + c * 2) = e;
           }

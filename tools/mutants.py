@@ -528,55 +528,38 @@ MUTANTS = {
         "        for (; at < to && false; ++at) {\n          const int2 item = list[at];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
     ),
-    # the tensor-core dW never multiplies the last block of 16 k (k 48-63), present or not
-    "grad_weight_mma_skips_the_last_block": (
-        "if (!((present >> b) & 1)) continue;",
-        "if (!((present >> b) & 1) || b == G::kBlocks - 1) continue;",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
-    ),
-    # the tensor-core dW leaves its sums at the fp16 operands' scale
-    "grad_weight_mma_scale_not_undone": (
-        "const float down = G::pow2(-scale);",
-        "const float down = 1.f;",
-        ["test_training_weight_gradient_scales_with_the_output_gradient[bf16-H100]"],
-    ),
-    # the tensor-core dW leaves each step's gm in its A tiles: later steps multiply stale entries too
-    "grad_weight_mma_leaves_stale_tiles": (
-        "      *reinterpret_cast<uint16_t*>(tiles + written) = 0;\n",
-        "",
-        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
-    ),
-    # the tensor-core dW multiplies a step with a NaN or an infinity in its window instead of walking it
-    "grad_weight_mma_never_walks": (
-        "bool walk = __syncthreads_or(bad_slots != 0);",
-        "bool walk = __syncthreads_or(false);",
-        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-fp16"),
-         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-fp16")],
-    ),
-    # the smem-tile dW (16-bit x) multiplies windows whose rows are all tiny in fp16 instead of walking them
-    "grad_weight_mma_ignores_tiny_rows": (
-        "    for (int i = 0; i < G::kKsize; ++i) walk |= (row_words[2 * i] & 1) && !(row_words[2 * i + 1] & 1);\n",
-        "",
-        ["test_training_16bit_weight_gradient_walks_tiny_rows[H100]",
-         "test_training_16bit_weight_gradient_walks_tiny_rows[A100]"],
-    ),
     # the tensor-core dW's operand scale keeps its old lower clamp: a largest |g| above 2^116 overflows fp16
-    "grad_weight_mma_scale_clamped_at_minus_100": (
+    "grad_scale_clamped_at_minus_100": (
         "return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));",
         "return max(-100, min(126, 141 - max((int)(largest >> 23), 1)));",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
     ),
     # the operand scale's upper clamp at 127, where 2^-127 (pow2) is 0: a largest |g| below 2^-112 gives dW = 0
-    "grad_weight_mma_scale_clamped_at_127": (
+    "grad_scale_clamped_at_127": (
         "return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));",
         "return max(-126, min(127, 141 - max((int)(largest >> 23), 1)));",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
     ),
-    # the fed dW (TF32) leaves its sums at the fp16 operands' scale
+    # the fed dW leaves its sums at the fp16 operands' scale
     "grad_weight_fed_scale_not_undone": (
-        "const float down = GradWeightMma::pow2(-scale);",
+        "const float down = GradScale::pow2(-scale);",
         "const float down = 1.f;",
-        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]"],
+        ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]",
+         "test_training_weight_gradient_scales_with_the_output_gradient[bf16-H100]"],
+    ),
+    # the fed dW carries bf16 x into its fp16 slots with each word's high value replaced by its low one
+    "grad_weight_fed_refits_the_low_bf16_twice": (
+        "if constexpr (kBf16X) return pack2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));",
+        "if constexpr (kBf16X) return pack2(__uint_as_float(w << 16), __uint_as_float(w << 16));",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW of 16-bit x folds only the low value of each word into its row's largest |x|: a NaN or an infinity in
+    # an odd column is multiplied (0 * NaN on the tensor cores) instead of walked
+    "grad_weight_fed_folds_half_the_16bit_words": (
+        "__device__ static uint32_t fold2(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFF7FFFu); }",
+        "__device__ static uint32_t fold2(uint32_t range, uint32_t w) { return __vmaxu2(range, w & 0x7FFFu); }",
+        [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-fp16"),
+         node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-fp16")],
     ),
     # the fed dW's bias drops what the fp16 hi part leaves of gm (db keeps 11 bits a term)
     "grad_weight_fed_bias_drops_lo": (
@@ -646,7 +629,8 @@ MUTANTS = {
         "return (bits & G::kTooLargeBit) != 0;",
         [node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="aligned-tiny_x-H100"),
          node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="by_element-dust_x-A100"),
-         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="aligned-dust_x-A100")],
+         node("test_training_weight_gradient_keeps_its_precision_at_extreme_ranges", shape="aligned-dust_x-A100"),
+         "test_training_16bit_weight_gradient_walks_tiny_rows[H100]"],
     ),
     # the fed dW leaves a row's unstored last chunk as the slot's earlier row had it (an infinity times B's zeros)
     "grad_weight_fed_keeps_a_stale_late_chunk": (

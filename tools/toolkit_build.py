@@ -113,7 +113,7 @@ def kernel_names():
         names += [f"&kb25::min_dim1_tanh2_kernel<{CPP_TYPES[dtype]}, {v}>" for v in (vec, 1)]
     for dtype in model_new.ARGMIN_BACKWARD_DTYPES:
         names += [f"&kb25::conv3x3_min_tanh2_{part}<{CPP_TYPES[dtype]}>"
-                  for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_mma_kernel",
+                  for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_fed_kernel",
                                "grad_weight_reduce_kernel")]
     return names + ["&kb25::conv3x3_min_refine_kernel"]
 

@@ -1996,13 +1996,13 @@ struct RowProducer {
       for (int jj = 0; jj < kVec; ++jj) {
         const int q = jj >> 1;
         const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
-        uint32_t col[4] = {__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
-                           __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel)};
+        uint4 col = make_uint4(__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
+                               __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel));
         if constexpr (Precision::kRefits16) {  // into fp16
-#pragma unroll
-          for (int i = 0; i < 4; ++i) col[i] = Precision::refit2(col[i]);
+          col = make_uint4(Precision::refit2(col.x), Precision::refit2(col.y), Precision::refit2(col.z),
+                           Precision::refit2(col.w));
         }
-        store_column(dst + (jj ^ x) * 16, make_uint4(col[0], col[1], col[2], col[3]));
+        store_column(dst + (jj ^ x) * 16, col);
       }
     } else if constexpr (kNarrows) {
       static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");
@@ -2320,8 +2320,9 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // The producer's tag for the fed dW of 16-bit x: the slots hold fp16, as for float32 x. bf16 x is converted (refit2:
 // exact within fp16's normal range; below it, to fp16's subnormal spacing; 65536 and above become infinities), fp16
 // x goes as it is. The fold is the largest magnitude of each half of the thread's raw words (fold2, 16-bit bits), and
-// largest() turns it into fp32 bits, so that a row walks by Tf32OnF16Walked's bounds (kTooLarge, kSmallRow): an
-// input fp16 does not hold (bf16 65536 and above, fp16 65504 too, +-inf, NaN), or a row nonzero but all below 2^-10.
+// largest() turns it into what Tf32OnF16Walked's bounds (kTooLarge, kSmallRow) read: bf16's as fp32 bits, so a row
+// walks where it holds a value fp16 does not (65536 and above, +-inf, NaN) or is nonzero but all below 2^-10; fp16's
+// so that only a row with an infinity or a NaN walks (fp16 x is exact in the slots).
 template <class XElem_>
 struct Sixteen2F16Walked : Native16<__half> {
   static_assert(std::is_same_v<XElem_, __nv_bfloat16> || std::is_same_v<XElem_, __half>, "bf16 or fp16 x");
@@ -2338,7 +2339,8 @@ struct Sixteen2F16Walked : Native16<__half> {
   __device__ static uint32_t largest(uint32_t range) {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
     if constexpr (kBf16X) return m << 16;
-    return __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));
+    // fp16 x is exact in the slots: only an infinity or a NaN walks, never a row of tiny values
+    return m >= 0x7C00u ? 0x7F800000u : m != 0 ? kSmallRow : 0u;
   }
 };
 

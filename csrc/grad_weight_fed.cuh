@@ -31,8 +31,9 @@ struct Tf32OnF16Walked : Tf32OnF16 {
 // The producer's tag for the fed dW of 16-bit x: the slots hold fp16, as for float32 x. bf16 x is converted (refit2:
 // exact within fp16's normal range; below it, to fp16's subnormal spacing; 65536 and above become infinities), fp16
 // x goes as it is. The fold is the largest magnitude of each half of the thread's raw words (fold2, 16-bit bits), and
-// largest() turns it into fp32 bits, so that a row walks by Tf32OnF16Walked's bounds (kTooLarge, kSmallRow): an
-// input fp16 does not hold (bf16 65536 and above, fp16 65504 too, +-inf, NaN), or a row nonzero but all below 2^-10.
+// largest() turns it into what Tf32OnF16Walked's bounds (kTooLarge, kSmallRow) read: bf16's as fp32 bits, so a row
+// walks where it holds a value fp16 does not (65536 and above, +-inf, NaN) or is nonzero but all below 2^-10; fp16's
+// so that only a row with an infinity or a NaN walks (fp16 x is exact in the slots).
 template <class XElem_>
 struct Sixteen2F16Walked : Native16<__half> {
   static_assert(std::is_same_v<XElem_, __nv_bfloat16> || std::is_same_v<XElem_, __half>, "bf16 or fp16 x");
@@ -49,7 +50,8 @@ struct Sixteen2F16Walked : Native16<__half> {
   __device__ static uint32_t largest(uint32_t range) {
     const uint32_t m = max(range & 0xFFFFu, range >> 16);
     if constexpr (kBf16X) return m << 16;
-    return __float_as_uint(__half2float(__ushort_as_half((unsigned short)m)));
+    // fp16 x is exact in the slots: only an infinity or a NaN walks, never a row of tiny values
+    return m >= 0x7C00u ? 0x7F800000u : m != 0 ? kSmallRow : 0u;
   }
 };
 

@@ -112,13 +112,13 @@ struct RowProducer {
       for (int jj = 0; jj < kVec; ++jj) {
         const int q = jj >> 1;
         const uint32_t sel = (jj & 1) ? sel_odd : sel_even;
-        uint32_t col[4] = {__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
-                           __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel)};
+        uint4 col = make_uint4(__byte_perm(w[0][q], w[1][q], sel), __byte_perm(w[2][q], w[3][q], sel),
+                               __byte_perm(w[4][q], w[5][q], sel), __byte_perm(w[6][q], w[7][q], sel));
         if constexpr (Precision::kRefits16) {  // into fp16
-#pragma unroll
-          for (int i = 0; i < 4; ++i) col[i] = Precision::refit2(col[i]);
+          col = make_uint4(Precision::refit2(col.x), Precision::refit2(col.y), Precision::refit2(col.z),
+                           Precision::refit2(col.w));
         }
-        store_column(dst + (jj ^ x) * 16, make_uint4(col[0], col[1], col[2], col[3]));
+        store_column(dst + (jj ^ x) * 16, col);
       }
     } else if constexpr (kNarrows) {
       static_assert(!Precision::kFastNeedsNoNaN, "a narrowing tag converts NaNs as they come (the element path too)");

@@ -2354,9 +2354,11 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // from the step's pixel record. B's columns are ranks, not k: the producer lists the k the step's pixels hold, in
 // order, and gives each pixel the rank of its k in that list, so that one batch of 8 ranks covers a step that holds
 // up to 8 distinct k (torch.rand's argmins put 87-100% of the pixels on one channel and a few stray ones elsewhere)
-// and a step whose pixels hold all 64 takes 8. A batch multiplies each chunk of 16 pixels that holds one of its ranks
-// once a tap, and its 12 accumulators a thread go into the CTA's sums at the ranks' k after the batch (fixed order:
-// deterministic). B is built once for all three taps of a warp.
+// and a step whose pixels hold all 64 takes 8. A batch multiplies every chunk of 16 pixels once a tap, with no test
+// (a chunk without the batch's ranks has B = 0), even chunks into one set of accumulators and odd ones into another,
+// so that a warp has six chains of MMAs and a pair's loads run ahead of its MMAs; the two sets' 24 accumulators a
+// thread go into the CTA's sums at the ranks' k after the batch (fixed order: deterministic). B is built once for all
+// three taps of a warp.
 //
 // A CTA is kProducerWarps warps that run the forward's RowProducer over the CTA's steps (each step one output row
 // segment of 256 columns, consecutive steps down a column strip, so each input row is loaded once a strip), and
@@ -2365,11 +2367,11 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
-// each chunk's mask of the batches it holds, the k of each rank, and each producer warp's set of k (a walked step
-// reads gm's parts from global memory). gm's scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+
-// GPU but the 99 KB ones.
+// the k of each rank, and each producer warp's set of k (a walked step reads gm's parts from global memory). gm's
+// scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
-// masked to its rank: one accumulator, sum of (hi + lo * 2^-11) a rank, two MMAs a chunk and batch.
+// masked to its rank: two accumulators (pixels 0-7 and 8-15 of each chunk), sum of (hi + lo * 2^-11) a rank, two MMAs
+// a chunk and batch.
 template <class XElem>
 struct GradWeightFedOf : GradGeometry {
   using Tag = FedTag<XElem>;
@@ -2390,8 +2392,7 @@ struct GradWeightFedOf : GradGeometry {
   // uint32 [kCols]: hi | k << 16 | rank << 24 (k and rank 0xFF: no pixel)
   static constexpr int kHkOffset = Geometry::kSlotBytes;
   static constexpr int kLoOffset = kHkOffset + 4 * kCols;       // uint16 [kCols]: lo
-  static constexpr int kMaskOffset = kLoOffset + 2 * kCols;     // uint8 [kChunks]: the batches of 8 ranks a chunk holds
-  static constexpr int kKOfRankOffset = kMaskOffset + kChunks;  // uint8 [kCout]: the k of each rank
+  static constexpr int kKOfRankOffset = kLoOffset + 2 * kCols;  // uint8 [kCout]: the k of each rank
   // uint64 a producer warp: the set of k its pixels hold (bit k)
   static constexpr int kHeldOffset = (kKOfRankOffset + kCout + 7) / 8 * 8;
   // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
@@ -2591,7 +2592,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
         if (f.record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
-          unsigned char* const masks = slot + G::kMaskOffset;
           // The set of k the step's pixels hold: each warp's, then all of them (the producer warps' barrier).
           uint32_t held_lo = 0, held_hi = 0;
 #pragma unroll
@@ -2620,14 +2620,6 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
-            // lanes 0-15 hold chunk p / 16 of lane 0, lanes 16-31 the next
-            const uint32_t bit = k >= 0 ? 1u << (rank >> 3) : 0u;
-            const uint32_t first = warp_or(lane < 16 ? bit : 0u), second = warp_or(lane < 16 ? 0u : bit);
-            if (lane == 0) {
-              const int chunk = (G::kProducerThreads * u + 32 * warp) / G::kChunk;
-              masks[chunk] = (unsigned char)first;
-              masks[chunk + 1] = (unsigned char)second;
-            }
           }
         }
         ring.commit(row_no);
@@ -2688,15 +2680,14 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             }
           }
         } else if (cw < G::kRowWarps) {
-          const unsigned char* const masks = newest + G::kMaskOffset;
           const unsigned char* const k_of_rank = newest + G::kKOfRankOffset;
           const int ranks = step_ranks(newest);
           const uint32_t a_base = smem_u32(ring.slot(rows - 3 + cw)) + a_group * G::Geometry::kGroupBytes + a_pixel * 16;
           for (int batch = 0; 8 * batch < ranks; ++batch) {
-            float acc[G::kKsize][4] = {};
-#pragma unroll 2
-            for (int c = 0; c * G::kChunk < count; ++c) {
-              if (!((masks[c] >> batch) & 1u)) continue;
+            // Even chunks into acc[0], odd ones into acc[1]: two independent chains of MMAs a tap (in one chain each
+            // MMA waits for the one before).
+            float acc[2][G::kKsize][4] = {};
+            const auto chunk = [&](int c, float (&into)[G::kKsize][4]) {
               uint32_t xa[G::kKsize][4];
 #pragma unroll
               for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
@@ -2709,31 +2700,37 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
               const uint32_t b1 = __byte_perm(w89.x >> 24 == target ? w89.x : 0u, w89.y >> 24 == target ? w89.y : 0u,
                                               0x5410);
 #pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});
+              for (int j = 0; j < G::kKsize; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});
+            };
+            // Every chunk in pairs, with no test, so that a pair's loads run ahead of its MMAs: a chunk that holds
+            // none of the batch's ranks (or no pixel: past the row's end) has B = 0 and adds nothing; its taps read
+            // the slot's columns, which hold no infinity or NaN unless the step walks.
+#pragma unroll 2
+            for (int c = 0; c * G::kChunk < count; c += 2) {
+              chunk(c, acc[0]);
+              chunk(c + 1, acc[1]);
             }
-            // acc[j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j)
+            // acc[h][j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
               const int rank = 8 * batch + 2 * tq + (r & 1), c = gq + 8 * (r >> 1);
               if (rank >= ranks) continue;
               float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;
 #pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[j][r], down, at_k[j]);
+              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r] + acc[1][j][r], down, at_k[j]);
             }
           }
         } else {
           // db: k columns 0-7 of A ones and 8-15 2^-11; B's k rows 2t, 2t + 1 the hi of pixels 2t, 2t + 1 (first MMA;
           // 2t + 8, 2t + 9 the second), rows 2t + 8, 2t + 9 their lo, each zero but in its pixel's rank's column.
-          const unsigned char* const masks = newest + G::kMaskOffset;
           const unsigned char* const k_of_rank = newest + G::kKOfRankOffset;
           const int ranks = step_ranks(newest);
           const uint16_t* const lo = reinterpret_cast<const uint16_t*>(newest + G::kLoOffset);
           const uint32_t a[4] = {G::kOnes, G::kOnes, G::kSmall, G::kSmall};
           for (int batch = 0; 8 * batch < ranks; ++batch) {
-            float acc[4] = {};
-#pragma unroll 2
-            for (int c = 0; c * G::kChunk < count; ++c) {
-              if (!((masks[c] >> batch) & 1u)) continue;
+            // Pixels 0-7 of each chunk into acc[0], 8-15 into acc[1]: two chains of MMAs instead of one.
+            float acc[2][4] = {};
+            const auto chunk = [&](int c) {
               const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
               const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
               const uint32_t l01 = *reinterpret_cast<const uint32_t*>(lo + c * G::kChunk + 2 * tq);
@@ -2742,16 +2739,19 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
               const uint32_t target = 8 * batch + gq;
               const uint32_t m01 = (w01.x >> 24 == target ? 0x0000FFFFu : 0u) | (w01.y >> 24 == target ? 0xFFFF0000u : 0u);
               const uint32_t m89 = (w89.x >> 24 == target ? 0x0000FFFFu : 0u) | (w89.y >> 24 == target ? 0xFFFF0000u : 0u);
-              mma_sync(acc, a, h01 & m01, l01 & m01, Operand<__half>{});
-              mma_sync(acc, a, h89 & m89, l89 & m89, Operand<__half>{});
-            }
+              mma_sync(acc[0], a, h01 & m01, l01 & m01, Operand<__half>{});
+              mma_sync(acc[1], a, h89 & m89, l89 & m89, Operand<__half>{});
+            };
+            // Every chunk, with no test (as the row warps).
+#pragma unroll 4
+            for (int c = 0; c * G::kChunk < count; ++c) chunk(c);
             // row 0 (lanes 0-3): column 2 tq (+ 1), rank 8 batch + column
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int rank = 8 * batch + 2 * tq + r;
               if (gq != 0 || rank >= ranks) continue;
               float* const at_k = sums + k_of_rank[rank] * G::kPartial + G::kEntries;
-              *at_k = fmaf(acc[r], down, *at_k);
+              *at_k = fmaf(acc[0][r] + acc[1][r], down, *at_k);
             }
           }
         }

@@ -569,9 +569,21 @@ MUTANTS = {
     ),
     # the fed dW multiplies only the taps j = 0, 1 of its row
     "grad_weight_fed_drops_a_tap": (
-        "for (int j = 0; j < G::kKsize; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});",
-        "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(acc[j], xa[j], b0, b1, Operand<__half>{});",
+        "for (int j = 0; j < G::kKsize; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});",
+        "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the fed dW's odd chunks' accumulators never join the sums
+    "grad_weight_fed_drops_the_odd_chunks": (
+        "for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r] + acc[1][j][r], down, at_k[j]);",
+        "for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r], down, at_k[j]);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW's bias warp never adds the accumulator of each chunk's pixels 8-15
+    "grad_weight_fed_bias_drops_the_second_half": (
+        "*at_k = fmaf(acc[0][r] + acc[1][r], down, *at_k);",
+        "*at_k = fmaf(acc[0][r], down, *at_k);",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
     # the fed dW's one-hot B puts every rank of a batch in the batch's first column
     "grad_weight_fed_one_hot_first_column": (

@@ -224,12 +224,14 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
-// elem: x's element code (the kernel, and so the CTA count, follows it).
+// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where tensor_cores, on
+// mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such CTAs fit an SM),
+// else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
-                                                            bool tensor_cores, int* blocks);
+                                                            int kernel, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, int kernel, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);
@@ -2369,11 +2371,16 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
 // the k of each rank, and each producer warp's set of k (a walked step reads gm's parts from global memory). gm's
 // scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
+// With kBuiltB (where two CTAs of 86 KB fit an SM: sm_90, sm_100) the producer also writes each step's B for ranks
+// 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros elsewhere) into one of two buffers, and a row warp
+// reads a pair of chunks' B fragments with one ldmatrix.trans instead of building them from the record; a step with
+// more than 8 ranks builds the later batches' as without.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its rank: two accumulators (pixels 0-7 and 8-15 of each chunk), sum of (hi + lo * 2^-11) a rank, two MMAs
 // a chunk and batch.
-template <class XElem>
+template <class XElem, bool kBuiltB_>
 struct GradWeightFedOf : GradGeometry {
+  static constexpr bool kBuiltB = kBuiltB_;
   using Tag = FedTag<XElem>;
   using Geometry = ConvGeometry<Tag, 256, false>;
   static constexpr int kCols = Geometry::kTileCols;
@@ -2411,7 +2418,12 @@ struct GradWeightFedOf : GradGeometry {
   static constexpr int kLateOffset = (kRingBytes + kSumBytes + kPoisonBytes + 15) / 16 * 16;
   static constexpr int kLateBytes = Producer::kLate * Producer::kChannels * 16;
   static constexpr int kBarrierOffset = kLateOffset + kLateBytes;
-  static constexpr int kSmemBytes = kBarrierOffset + kSlots * 16 + 16;  // the ring's mbarriers, the scale's word
+  // the ring's mbarriers and the scale's word, then (kBuiltB) two steps' B: [kCols pixels][8 ranks] fp16 each. Two
+  // are enough: the producer writes step t's B once it holds the slot of step t's newest row, whose previous row (4
+  // rows back) every consumer releases only after step t - 2 (kSlots = 4, a step releases its window's oldest row).
+  static constexpr int kBBytes = kCols * 16;
+  static constexpr int kBOffset = (kBarrierOffset + kSlots * 16 + 16 + 127) / 128 * 128;
+  static constexpr int kSmemBytes = kBuiltB ? kBOffset + 2 * kBBytes : kBarrierOffset + kSlots * 16 + 16;
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
@@ -2420,24 +2432,31 @@ struct GradWeightFedOf : GradGeometry {
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(Producer::kLate * Producer::kChannels <= 32, "the late items' vectors: a lane each of warp 0");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
-  static_assert(2 * (kSmemBytes + 1024) <= 163 * 1024, "two CTAs an SM on sm_80 (1 KB a CTA reserved)");
+  // two CTAs an SM (1 KB a CTA reserved): on sm_80 without kBuiltB, on sm_90 and sm_100 with
+  static_assert(2 * (kSmemBytes + 1024) <= (kBuiltB ? 228 : 164) * 1024, "two CTAs an SM");
+  static_assert(kSlots == 4 && kChunks % 2 == 0, "kBuiltB: two B buffers; chunks in pairs");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
 // What the launcher needs (threads, shared memory, step width) is the same for every x type.
-using GradWeightFed = GradWeightFedOf<float>;
-static_assert(GradWeightFedOf<__half>::kSmemBytes == GradWeightFed::kSmemBytes &&
-                  GradWeightFedOf<__nv_bfloat16>::kSmemBytes == GradWeightFed::kSmemBytes,
+template <bool kBuiltB>
+using GradWeightFed = GradWeightFedOf<float, kBuiltB>;
+static_assert(GradWeightFedOf<__half, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
+                  GradWeightFedOf<__half, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes,
               "one launch shape for every x type");
 
-template <class Elem>
-__global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBlocks)
+template <class Elem, bool kBuiltB>
+__global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFed<kBuiltB>::kMinBlocks)
     conv3x3_min_tanh2_grad_weight_fed_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
                                              const float* __restrict__ pre_min,
                                              const unsigned char* __restrict__ argmin, float* __restrict__ partial,
                                              const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
                                              int64_t total_steps) {
-  if constexpr (kHasFused) {
-    using G = GradWeightFedOf<Elem>;
+  // With kBuiltB, compiled only where two CTAs fit an SM (sm_90, sm_100; choose_grad_weight_kernel picks it only
+  // there).
+  if constexpr (kHasFused && (!kBuiltB || 2 * (GradWeightFed<true>::kSmemBytes + 1024) <= kArchSmemPerBlock + 1024)) {
+    using G = GradWeightFedOf<Elem, kBuiltB>;
     extern __shared__ __align__(128) unsigned char smem[];
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
     uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
@@ -2508,6 +2527,7 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
       const bool late_lane = warp == 0 && lane < G::Producer::kLate * G::Producer::kChannels;
       uint4* const late_stage = reinterpret_cast<uint4*>(smem + G::kLateOffset);
       RowCursor ahead(begin, end, OH, col_blocks);
+      uint32_t records = 0;  // steps whose record is stored (kBuiltB: the B buffer is records % 2)
       const auto fetch = [&]() {
         Fetch f{x, 0, 0, 0, ahead.valid(), false};
         if (f.valid) {
@@ -2620,7 +2640,14 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
+            if constexpr (G::kBuiltB) {
+              // B's row of pixel p for ranks 0-7: hi at its rank's column (word rank / 2, half rank % 2)
+              const uint32_t v = k >= 0 && rank < 8 ? hi << (16 * (rank & 1)) : 0u, w = rank >> 1;
+              reinterpret_cast<uint4*>(smem + G::kBOffset + (records & 1) * G::kBBytes)[p] =
+                  make_uint4(w == 0 ? v : 0u, w == 1 ? v : 0u, w == 2 ? v : 0u, w == 3 ? v : 0u);
+            }
           }
+          ++records;
         }
         ring.commit(row_no);
       };
@@ -2687,10 +2714,16 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
             // Even chunks into acc[0], odd ones into acc[1]: two independent chains of MMAs a tap (in one chain each
             // MMA waits for the one before).
             float acc[2][G::kKsize][4] = {};
-            const auto chunk = [&](int c, float (&into)[G::kKsize][4]) {
+            // Chunk c's three taps times B (b0, b1: this lane's fragment) into `into`.
+            const auto multiply = [&](int c, float (&into)[G::kKsize][4], uint32_t b0, uint32_t b1) {
               uint32_t xa[G::kKsize][4];
 #pragma unroll
               for (int j = 0; j < G::kKsize; ++j) ldmatrix_x4_trans(xa[j], a_base + (c * G::kChunk + j) * 16);
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});
+            };
+            // Chunk c with B built from the record.
+            const auto chunk = [&](int c, float (&into)[G::kKsize][4]) {
               // pixels 2t, 2t + 1 and 2t + 8, 2t + 9 of the chunk: B's k rows of this lane
               const uint2 w01 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq);
               const uint2 w89 = *reinterpret_cast<const uint2*>(hk + c * G::kChunk + 2 * tq + 8);
@@ -2699,16 +2732,27 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
                                               0x5410);
               const uint32_t b1 = __byte_perm(w89.x >> 24 == target ? w89.x : 0u, w89.y >> 24 == target ? w89.y : 0u,
                                               0x5410);
-#pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});
+              multiply(c, into, b0, b1);
             };
             // Every chunk in pairs, with no test, so that a pair's loads run ahead of its MMAs: a chunk that holds
             // none of the batch's ranks (or no pixel: past the row's end) has B = 0 and adds nothing; its taps read
             // the slot's columns, which hold no infinity or NaN unless the step walks.
+            if (G::kBuiltB && batch == 0) {
+              // B from the producer's rows: matrices 0, 1 (pixels 0-7, 8-15 of chunk c) and 2, 3 (chunk c + 1)
+              const uint32_t b_base = smem_u32(smem + G::kBOffset + ((step - begin) & 1) * G::kBBytes) + lane * 16;
 #pragma unroll 2
-            for (int c = 0; c * G::kChunk < count; c += 2) {
-              chunk(c, acc[0]);
-              chunk(c + 1, acc[1]);
+              for (int c = 0; c * G::kChunk < count; c += 2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, b_base + c * G::kChunk * 16);
+                multiply(c, acc[0], b[0], b[1]);
+                multiply(c + 1, acc[1], b[2], b[3]);
+              }
+            } else {
+#pragma unroll 2
+              for (int c = 0; c * G::kChunk < count; c += 2) {
+                chunk(c, acc[0]);
+                chunk(c + 1, acc[1]);
+              }
             }
             // acc[h][j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j)
 #pragma unroll
@@ -2769,7 +2813,8 @@ __global__ void __launch_bounds__(GradWeightFed::kThreads, GradWeightFed::kMinBl
     __syncthreads();
     write_partial(sums, threadIdx.x < G::kPartial ? poison[threadIdx.x] : 0, threadIdx.x, partial);
   } else {
-    __trap();  // compiled for an arch without mma.sync on fp16 or mbarriers: the launcher never picks it there
+    __trap();  // compiled for an arch without mma.sync on fp16 or mbarriers, or with kBuiltB where two CTAs do not fit
+               // an SM: the launcher never picks it there
   }
 }
 
@@ -4554,28 +4599,43 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
   return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
-// CTAs an SM of the dW kernel for x of type Elem: the fed one on the tensor cores, else the walkers.
+enum GradWeightKernel { kGradWeightWalkers = 0, kGradWeightFed = 1, kGradWeightFedBuiltB = 2 };
+
+extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
+  if (!tensor_cores) return kGradWeightWalkers;
+  // An SM holds smem_optin and 1 KB more (sm_80: 163 + 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
+  constexpr int kBuiltBPair = 2 * (kb25::GradWeightFed<true>::kSmemBytes + 1024);
+  return kBuiltBPair <= smem_optin + 1024 ? kGradWeightFedBuiltB : kGradWeightFed;
+}
+
+// CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
 template <class Elem>
 struct GradWeightPerSm {
-  static cudaError_t run(bool tensor_cores, int* per_sm) {
+  static cudaError_t run(int kernel, int* per_sm) {
     using Walk = kb25::GradWeight;
-    using Fed = kb25::GradWeightFed;
-    if (!tensor_cores) {
+    if (kernel == kGradWeightWalkers) {
       return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                    per_sm);
     }
-    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                     per_sm);
+    if (kernel == kGradWeightFedBuiltB) {
+      using Fed = kb25::GradWeightFed<true>;
+      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, true>>(
+          Fed::kThreads, Fed::kSmemBytes, per_sm);
+    }
+    using Fed = kb25::GradWeightFed<false>;
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, false>>(
+        Fed::kThreads, Fed::kSmemBytes, per_sm);
   }
 };
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
 // steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
-// kernel: the fed one on the tensor cores (every x type), else the walkers.
+// kernel: choose_grad_weight_kernel's.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
-                                                            bool tensor_cores, int* blocks) {
+                                                            int kernel, int* blocks) {
+  if (kernel < kGradWeightWalkers || kernel > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
   int per_sm = 0;
-  const cudaError_t err = by_elem<GradWeightPerSm>(elem, tensor_cores, &per_sm);
+  const cudaError_t err = by_elem<GradWeightPerSm>(elem, kernel, &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -4589,30 +4649,43 @@ extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
 
 template <class Elem>
 struct LaunchGradWeight {
-  static cudaError_t run(bool tensor_cores, const void* x, const void* g, const float* pre_min,
+  // The fed kernel, with B built by its producer or not (grad_weight_fed.cuh).
+  template <bool kBuiltB>
+  static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
+                                float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
+                                int64_t fed_steps, cudaStream_t stream) {
+    using F = kb25::GradWeightFed<kBuiltB>;
+    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
+    const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, maxima, scale_blocks, H, W,
+                                                         fed_steps);
+    return cudaSuccess;
+  }
+  static cudaError_t run(int kernel_kind, const void* x, const void* g, const float* pre_min,
                          const unsigned char* argmin, float* partial, int blocks, void* dw, void* db, int64_t N, int H,
                          int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
+    if (kernel_kind < kGradWeightWalkers || kernel_kind > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
-    if (tensor_cores) {
+    if (kernel_kind != kGradWeightWalkers) {
       // gm's scale: the largest finite |g|, a word per CTA after the partials.
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      // The fed kernel (grad_weight_fed.cuh).
-      using F = kb25::GradWeightFed;
-      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
-      const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
-      if (err != cudaSuccess) return err;
       // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
-      const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+      const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
       const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-      kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
-                                                           W, fed_steps);
+      const cudaError_t err =
+          kernel_kind == kGradWeightFedBuiltB
+              ? launch_fed<true>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps, stream)
+              : launch_fed<false>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
+                                  stream);
+      if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
@@ -4628,11 +4701,11 @@ struct LaunchGradWeight {
   }
 };
 
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, int kernel, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream) {
-  return by_elem<LaunchGradWeight>(elem, tensor_cores, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
+  return by_elem<LaunchGradWeight>(elem, kernel, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
                                    stream);
 }
 """
@@ -4720,12 +4793,14 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
-// elem: x's element code (the kernel, and so the CTA count, follows it).
+// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where tensor_cores, on
+// mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such CTAs fit an SM),
+// else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
-                                                            bool tensor_cores, int* blocks);
+                                                            int kernel, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, int kernel, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);
@@ -5200,11 +5275,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
   if (need_weight || need_bias) {
     // The weight gradient in the reference's precision: TF32 products (TF32-rounded operands on the tensor cores)
     // where its conv runs in TF32, and for 16-bit inputs; every product in fp32 for strict fp32 and before sm_80.
-    const bool tensor_cores = device_profile(xc.get_device()).sm >= 80 &&
-                              (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
+    const kb25::DeviceProfile profile = device_profile(xc.get_device());
+    const bool tensor_cores = profile.sm >= 80 && (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
+    const int kernel = choose_grad_weight_kernel(tensor_cores, profile.smem_optin);
     int blocks = 0;
-    const cudaError_t blocks_err =
-        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, tensor_cores, &blocks);
+    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, kernel, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
@@ -5214,7 +5289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
       at::Tensor partial = at::empty({(int64_t)blocks * conv3x3_min_tanh2_grad_weight_partial_floats()},
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
-          elem, tensor_cores, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
+          elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
           blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }

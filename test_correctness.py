@@ -791,11 +791,19 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
     assert sorted(fused) == sorted((k, save) for k in model_new.FUSED_KERNELS for save in (False, True)), list(kernels)
     epilogues = [k for k in kernels if "min_dim1_tanh2_kernel" in k]
     assert len(epilogues) == 2 * len(model_new.SUPPORTED_DTYPES), epilogues  # vector and scalar per element type
-    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient
+    # the backward's kernels, one per element type; on the tensor cores, the fed weight gradient (its one-hot B built by
+    # its consumers, or by its producer)
     dtypes = len(model_new.ARGMIN_BACKWARD_DTYPES)
     for part, count in (("grad_input_kernel", dtypes), ("grad_weight_kernel", dtypes),
-                        ("grad_weight_fed_kernel", dtypes), ("grad_weight_reduce_kernel", dtypes)):
+                        ("grad_weight_fed_kernel", 2 * dtypes), ("grad_weight_reduce_kernel", dtypes)):
         assert len([k for k in kernels if f"conv3x3_min_tanh2_{part}" in k]) == count, (part, list(kernels))
+    # the fed dW with B built by its producer is compiled in only where two of its CTAs fit an SM (sm_90, sm_100), empty
+    # elsewhere; the other wherever the fused kernels are
+    fed = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in kernels.items() if "grad_weight_fed" in k}
+    for k, used in fed.items():
+        built_b = re.search(r"Lb([01])E", k).group(1) == "1"
+        compiled_in = arch in ("90a", "100") if built_b else arch != "75"
+        assert (used >= 64) if compiled_in else (used < 16), (arch, k, used)
     regs = {k: int(re.search(r"Used (\d+) registers", b).group(1)) for k, b in fused.items()}
     for row in model_new.FUSED_TABLE:
         runs_here = arch == "90a" if row.mma == "wgmma" else arch != "75"

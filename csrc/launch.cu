@@ -248,28 +248,43 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
   return OH > 0 && OW > 0 ? N * OH * ((OW + kCols - 1) / kCols) : 0;
 }
 
-// CTAs an SM of the dW kernel for x of type Elem: the fed one on the tensor cores, else the walkers.
+enum GradWeightKernel { kGradWeightWalkers = 0, kGradWeightFed = 1, kGradWeightFedBuiltB = 2 };
+
+extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
+  if (!tensor_cores) return kGradWeightWalkers;
+  // An SM holds smem_optin and 1 KB more (sm_80: 163 + 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
+  constexpr int kBuiltBPair = 2 * (kb25::GradWeightFed<true>::kSmemBytes + 1024);
+  return kBuiltBPair <= smem_optin + 1024 ? kGradWeightFedBuiltB : kGradWeightFed;
+}
+
+// CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
 template <class Elem>
 struct GradWeightPerSm {
-  static cudaError_t run(bool tensor_cores, int* per_sm) {
+  static cudaError_t run(int kernel, int* per_sm) {
     using Walk = kb25::GradWeight;
-    using Fed = kb25::GradWeightFed;
-    if (!tensor_cores) {
+    if (kernel == kGradWeightWalkers) {
       return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                    per_sm);
     }
-    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>>(Fed::kThreads, Fed::kSmemBytes,
-                                                                                     per_sm);
+    if (kernel == kGradWeightFedBuiltB) {
+      using Fed = kb25::GradWeightFed<true>;
+      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, true>>(
+          Fed::kThreads, Fed::kSmemBytes, per_sm);
+    }
+    using Fed = kb25::GradWeightFed<false>;
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, false>>(
+        Fed::kThreads, Fed::kSmemBytes, per_sm);
   }
 };
 
 // As many CTAs as fit on the GPU at once (each sums a share of the steps into its own partial), or fewer with fewer
 // steps. Fixed for a GPU, shape and kernel: the sums' order, and so their bits, do not change from run to run. The
-// kernel: the fed one on the tensor cores (every x type), else the walkers.
+// kernel: choose_grad_weight_kernel's.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
-                                                            bool tensor_cores, int* blocks) {
+                                                            int kernel, int* blocks) {
+  if (kernel < kGradWeightWalkers || kernel > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
   int per_sm = 0;
-  const cudaError_t err = by_elem<GradWeightPerSm>(elem, tensor_cores, &per_sm);
+  const cudaError_t err = by_elem<GradWeightPerSm>(elem, kernel, &per_sm);
   if (err != cudaSuccess) return err;
   const int64_t steps = grad_weight_steps(N, H, W), cap = (int64_t)num_sms * per_sm;
   *blocks = (int)(steps < cap ? steps : cap);
@@ -283,30 +298,43 @@ extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
 
 template <class Elem>
 struct LaunchGradWeight {
-  static cudaError_t run(bool tensor_cores, const void* x, const void* g, const float* pre_min,
+  // The fed kernel, with B built by its producer or not (grad_weight_fed.cuh).
+  template <bool kBuiltB>
+  static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
+                                float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
+                                int64_t fed_steps, cudaStream_t stream) {
+    using F = kb25::GradWeightFed<kBuiltB>;
+    constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
+    const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, maxima, scale_blocks, H, W,
+                                                         fed_steps);
+    return cudaSuccess;
+  }
+  static cudaError_t run(int kernel_kind, const void* x, const void* g, const float* pre_min,
                          const unsigned char* argmin, float* partial, int blocks, void* dw, void* db, int64_t N, int H,
                          int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
+    if (kernel_kind < kGradWeightWalkers || kernel_kind > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
-    if (tensor_cores) {
+    if (kernel_kind != kGradWeightWalkers) {
       // gm's scale: the largest finite |g|, a word per CTA after the partials.
       uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
       const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
       kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
-      // The fed kernel (grad_weight_fed.cuh).
-      using F = kb25::GradWeightFed;
-      constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem>;
-      const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
-      if (err != cudaSuccess) return err;
       // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
-      const int64_t fed_steps = grad_weight_steps<F::kCols>(N, H, W);
+      const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
       const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-      kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, H,
-                                                           W, fed_steps);
+      const cudaError_t err =
+          kernel_kind == kGradWeightFedBuiltB
+              ? launch_fed<true>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps, stream)
+              : launch_fed<false>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
+                                  stream);
+      if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
       const cudaError_t err = opt_in_shared_memory<kernel>(G::kSmemBytes);
@@ -322,10 +350,10 @@ struct LaunchGradWeight {
   }
 };
 
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, int kernel, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream) {
-  return by_elem<LaunchGradWeight>(elem, tensor_cores, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
+  return by_elem<LaunchGradWeight>(elem, kernel, x, g, pre_min, argmin, partial, blocks, dw, db, N, H, W,
                                    stream);
 }

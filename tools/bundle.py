@@ -123,12 +123,14 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// tensor_cores: dW on mma.sync with TF32-rounded (or 16-bit) operands, else every product in fp32 on the CUDA cores;
-// elem: x's element code (the kernel, and so the CTA count, follows it).
+// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where tensor_cores, on
+// mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such CTAs fit an SM),
+// else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
-                                                            bool tensor_cores, int* blocks);
+                                                            int kernel, int* blocks);
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats();
-extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, bool tensor_cores, const void* x, const void* g,
+extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_weight(int elem, int kernel, const void* x, const void* g,
                                                             const float* pre_min, const unsigned char* argmin,
                                                             float* partial, int blocks, void* dw, void* db, int64_t N,
                                                             int H, int W, cudaStream_t stream);

@@ -579,6 +579,18 @@ MUTANTS = {
         "for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r], down, at_k[j]);",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
+    # the fed dW's row warps read the producer's B of the step before (the other buffer)
+    "grad_weight_fed_built_b_from_the_other_buffer": (
+        "smem_u32(smem + G::kBOffset + ((step - begin) & 1) * G::kBBytes)",
+        "smem_u32(smem + G::kBOffset + ((step - begin + 1) & 1) * G::kBBytes)",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW's producer puts every pixel's B value in the low half of its word: odd ranks land in even columns
+    "grad_weight_fed_built_b_odd_ranks_in_even_columns": (
+        "const uint32_t v = k >= 0 && rank < 8 ? hi << (16 * (rank & 1)) : 0u, w = rank >> 1;",
+        "const uint32_t v = k >= 0 && rank < 8 ? hi : 0u, w = rank >> 1;",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
     # the fed dW's bias warp never adds the accumulator of each chunk's pixels 8-15
     "grad_weight_fed_bias_drops_the_second_half": (
         "*at_k = fmaf(acc[0][r] + acc[1][r], down, *at_k);",

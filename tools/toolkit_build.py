@@ -103,8 +103,9 @@ def fetch(release, cache=None):
 
 def kernel_names():
     """A name expression for every kernel the launchers instantiate: each FUSED_TABLE row for inference and saving,
-    the epilogue's vector and scalar kernel per supported dtype, the four backward kernels per backward dtype, and
-    strict fp32's minima kernel (not a template: it is in the PTX whatever is named)."""
+    the epilogue's vector and scalar kernel per supported dtype, the backward kernels per backward dtype (the fed dW
+    with B built by its consumers or its producer), and strict fp32's minima kernel (not a template: it is in the PTX
+    whatever is named)."""
     traits = INSTANTIATION.findall(model_new.cuda_source())
     assert len(traits) == len(model_new.FUSED_TABLE), traits
     names = [f"&kb25::conv3x3_min_tanh2_kernel<kb25::{t}, {s}>" for t in traits for s in ("false", "true")]
@@ -113,8 +114,8 @@ def kernel_names():
         names += [f"&kb25::min_dim1_tanh2_kernel<{CPP_TYPES[dtype]}, {v}>" for v in (vec, 1)]
     for dtype in model_new.ARGMIN_BACKWARD_DTYPES:
         names += [f"&kb25::conv3x3_min_tanh2_{part}<{CPP_TYPES[dtype]}>"
-                  for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_fed_kernel",
-                               "grad_weight_reduce_kernel")]
+                  for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel")]
+        names += [f"&kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<{CPP_TYPES[dtype]}, {s}>" for s in ("false", "true")]
     return names + ["&kb25::conv3x3_min_refine_kernel"]
 
 

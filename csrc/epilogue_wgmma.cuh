@@ -188,7 +188,8 @@ struct WgmmaEpilogue {
   }
   // kPixelRows: each pixel's min and argmin (torch.min's, precedes()) into `minima` and `channels` at skewed(p). The
   // thread scans its 16 channels of each of its 8 pixel rows in channel order (8 j + 2 t + e), a channel taken only
-  // where it strictly precedes the one held; then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping
+  // where it strictly precedes the one held (a guarded kernel's sums have no NaN to order: an image with an input,
+  // weight or bias its operands do not carry is listed, and its guard recomputes and rewrites it); then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping
   // half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
   // both of its rows. before_stores() runs between that and the stores (the wait for a free stage buffer).
   template <class BeforeStores>
@@ -205,8 +206,15 @@ struct WgmmaEpilogue {
         float best = acc[8 * s][2 * h];
         int channel = 2 * t;
 #pragma unroll
-        for (int k = 1; k < 16; ++k)  // channel 8 (k / 2) + 2 t + k % 2, ascending
-          scan_min(best, channel, acc[8 * s + k / 2][2 * h + k % 2], 8 * (k / 2) + 2 * t + k % 2);
+        for (int k = 1; k < 16; ++k) {  // channel 8 (k / 2) + 2 t + k % 2, ascending
+          const float v = acc[8 * s + k / 2][2 * h + k % 2];
+          const int at = 8 * (k / 2) + 2 * t + k % 2;
+          if constexpr (Precision::kGuardsRange) {
+            scan_min_finite(best, channel, v, at);
+          } else {
+            scan_min(best, channel, v, at);
+          }
+        }
         m[2 * s + h] = best;
         c[2 * s + h] = channel;
       }

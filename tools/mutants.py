@@ -692,7 +692,14 @@ MUTANTS = {
     "pixel_rows_ties_go_to_the_later_channel": (
         "const bool took = !(best <= v) && best == best;",
         "const bool took = !(best < v) && best == best;",
-        [node("test_training_ties_go_to_the_first_channel", shape="H100")],
+        ["test_argmin_order_is_torch_mins_in_any_fold_order"],
+    ),
+    # the guarded kernels' pixel-row scan (finite sums) lets a later channel of an equal value take the argmin
+    "pixel_rows_finite_ties_go_to_the_later_channel": (
+        "const bool took = v < best;",
+        "const bool took = v <= best;",
+        [node("test_training_ties_go_to_the_first_channel", shape="H100"),
+         "test_argmin_order_is_torch_mins_in_any_fold_order"],
     ),
     # the pixel-row saving epilogue lets a number after a NaN take the argmin (and the min)
     "pixel_rows_number_beats_nan": (

@@ -224,9 +224,9 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where tensor_cores, on
-// mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such CTAs fit an SM),
-// else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where
+// tensor_cores, on mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such
+// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks);
@@ -665,7 +665,7 @@ __host__ __device__ __forceinline__ void scan_min(float& best, int& channel, flo
   best = took ? v : best;
   channel = took ? c : channel;
 }
-// scan_min where neither best nor v is a NaN (a guarded kernel's kept images: finite inputs, weights and bias): the
+// scan_min where neither best nor v is a NaN (a guarded kernel's kept images; the exception: docs/design.md): the
 // smaller value, a later channel of an equal value never. One compare where scan_min needs two.
 __host__ __device__ __forceinline__ void scan_min_finite(float& best, int& channel, float v, int c) {
   const bool took = v < best;
@@ -3572,9 +3572,10 @@ struct WgmmaEpilogue {
   }
   // kPixelRows: each pixel's min and argmin (torch.min's, precedes()) into `minima` and `channels` at skewed(p). The
   // thread scans its 16 channels of each of its 8 pixel rows in channel order (8 j + 2 t + e), a channel taken only
-  // where it strictly precedes the one held (a guarded kernel's sums have no NaN to order: an image with an input,
-  // weight or bias its operands do not carry is listed, and its guard recomputes and rewrites it); then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping
-  // half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
+  // where it strictly precedes the one held (a guarded kernel by scan_min_finite: an image with an input, weight or
+  // bias its operands do not carry is listed and rewritten by its guard, so its kept sums hold no NaN, but for an
+  // infinite weight beside weights the scale carries, docs/design.md); then two shuffle steps over the quad (lanes
+  // xor 1, xor 2), each keeping half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
   // both of its rows. before_stores() runs between that and the stores (the wait for a free stage buffer).
   template <class BeforeStores>
   __device__ void reduce_pixel_rows(const typename Mainloop::Accum& acc, int g, int t, int warp, float* minima,
@@ -4626,20 +4627,19 @@ extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
 // CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
 template <class Elem>
 struct GradWeightPerSm {
+  template <bool kBuiltB>
+  static cudaError_t fed(int* per_sm) {
+    using Fed = kb25::GradWeightFed<kBuiltB>;
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>>(
+        Fed::kThreads, Fed::kSmemBytes, per_sm);
+  }
   static cudaError_t run(int kernel, int* per_sm) {
     using Walk = kb25::GradWeight;
     if (kernel == kGradWeightWalkers) {
       return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                    per_sm);
     }
-    if (kernel == kGradWeightFedBuiltB) {
-      using Fed = kb25::GradWeightFed<true>;
-      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, true>>(
-          Fed::kThreads, Fed::kSmemBytes, per_sm);
-    }
-    using Fed = kb25::GradWeightFed<false>;
-    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, false>>(
-        Fed::kThreads, Fed::kSmemBytes, per_sm);
+    return kernel == kGradWeightFedBuiltB ? fed<true>(per_sm) : fed<false>(per_sm);
   }
 };
 
@@ -4695,11 +4695,9 @@ struct LaunchGradWeight {
       const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
       const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-      const cudaError_t err =
-          kernel_kind == kGradWeightFedBuiltB
-              ? launch_fed<true>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps, stream)
-              : launch_fed<false>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
-                                  stream);
+      const auto launch = kernel_kind == kGradWeightFedBuiltB ? launch_fed<true> : launch_fed<false>;
+      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
+                                     stream);
       if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;
@@ -4808,9 +4806,9 @@ extern "C" cudaError_t launch_conv3x3_min_refine(const float* x, const float* w,
 extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void* g, const float* pre_min,
                                                            const unsigned char* argmin, const void* w, void* dx,
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
-// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where tensor_cores, on
-// mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such CTAs fit an SM),
-// else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+// The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where
+// tensor_cores, on mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such
+// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks);
@@ -5294,7 +5292,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
     const bool tensor_cores = profile.sm >= 80 && (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     const int kernel = choose_grad_weight_kernel(tensor_cores, profile.smem_optin);
     int blocks = 0;
-    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, kernel, &blocks);
+    const cudaError_t blocks_err =
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, kernel, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
@@ -5304,8 +5303,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
       at::Tensor partial = at::empty({(int64_t)blocks * conv3x3_min_tanh2_grad_weight_partial_floats()},
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
-          elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
-          blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
+          elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(),
+          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
   }

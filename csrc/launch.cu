@@ -260,20 +260,19 @@ extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
 // CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
 template <class Elem>
 struct GradWeightPerSm {
+  template <bool kBuiltB>
+  static cudaError_t fed(int* per_sm) {
+    using Fed = kb25::GradWeightFed<kBuiltB>;
+    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>>(
+        Fed::kThreads, Fed::kSmemBytes, per_sm);
+  }
   static cudaError_t run(int kernel, int* per_sm) {
     using Walk = kb25::GradWeight;
     if (kernel == kGradWeightWalkers) {
       return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>>(Walk::kThreads, Walk::kSmemBytes,
                                                                                    per_sm);
     }
-    if (kernel == kGradWeightFedBuiltB) {
-      using Fed = kb25::GradWeightFed<true>;
-      return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, true>>(
-          Fed::kThreads, Fed::kSmemBytes, per_sm);
-    }
-    using Fed = kb25::GradWeightFed<false>;
-    return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, false>>(
-        Fed::kThreads, Fed::kSmemBytes, per_sm);
+    return kernel == kGradWeightFedBuiltB ? fed<true>(per_sm) : fed<false>(per_sm);
   }
 };
 
@@ -329,11 +328,9 @@ struct LaunchGradWeight {
       const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
       const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
-      const cudaError_t err =
-          kernel_kind == kGradWeightFedBuiltB
-              ? launch_fed<true>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps, stream)
-              : launch_fed<false>(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
-                                  stream);
+      const auto launch = kernel_kind == kGradWeightFedBuiltB ? launch_fed<true> : launch_fed<false>;
+      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
+                                     stream);
       if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;

@@ -485,7 +485,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
     const bool tensor_cores = profile.sm >= 80 && (xc.scalar_type() != at::kFloat || conv_runs_in_tf32());
     const int kernel = choose_grad_weight_kernel(tensor_cores, profile.smem_optin);
     int blocks = 0;
-    const cudaError_t blocks_err = conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, kernel, &blocks);
+    const cudaError_t blocks_err =
+        conv3x3_min_tanh2_grad_weight_blocks(elem, N, (int)H, (int)W, num_sms, kernel, &blocks);
     TORCH_CHECK(blocks_err == cudaSuccess,
                 "ModelNew: the weight-gradient kernel's occupancy query failed: " + std::string(cudaGetErrorString(blocks_err)));
     if (blocks == 0) {  // no output pixel: nothing flows back
@@ -495,8 +496,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
       at::Tensor partial = at::empty({(int64_t)blocks * conv3x3_min_tanh2_grad_weight_partial_floats()},
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
-          elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(), partial.data_ptr<float>(),
-          blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
+          elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(),
+          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
   }

@@ -115,7 +115,8 @@ def kernel_names():
     for dtype in model_new.ARGMIN_BACKWARD_DTYPES:
         names += [f"&kb25::conv3x3_min_tanh2_{part}<{CPP_TYPES[dtype]}>"
                   for part in ("grad_input_kernel", "grad_weight_kernel", "grad_weight_reduce_kernel")]
-        names += [f"&kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<{CPP_TYPES[dtype]}, {s}>" for s in ("false", "true")]
+        names += [f"&kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<{CPP_TYPES[dtype]}, {b}>"
+                  for b in ("false", "true")]
     return names + ["&kb25::conv3x3_min_refine_kernel"]
 
 

@@ -1,8 +1,8 @@
 // keep_min (the saving epilogues' combine) folded over pixels of channel values. Each input line: n, then n floats as
 // their bits. Each output line: the (value bits, channel) that keep_min leaves when folding the values in order, in
 // reverse order, and as a butterfly (pairs, then pairs of pairs, ...); then what scan_min (the in-register scans)
-// and scan_min_finite (the guarded kernels' scan, for lines without a NaN) leave scanning them in order. Run as `argmin` (main.cpp);
-// test_argmin_order_is_torch_mins_in_any_fold_order checks it against torch.min.
+// and scan_min_finite (the guarded kernels' scan, for lines without a NaN) leave scanning them in order. Run as
+// `argmin` (main.cpp); test_argmin_order_is_torch_mins_in_any_fold_order checks it against torch.min.
 #include <cstdio>
 #include <cstring>
 

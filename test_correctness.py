@@ -1612,6 +1612,61 @@ def test_saving_forward_takes_the_first_nan_channel(precision, tf32_default):
     assert torch.equal(torch.isnan(out), torch.isnan(_run(ref, x)))
 
 
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+@pytest.mark.parametrize("precision", ["tf32", "strict_fp32", "bf16", "fp16"])
+def test_saving_forward_ties_go_to_the_first_channel(precision, profile, tf32_default):
+    """Zero weights and equal biases in every precision: all 64 channels tie at every pixel, and the saving forward's
+    argmin is torch.min's, channel 0, its pre-tanh min the bias (a later channel of an equal value never takes it,
+    in the pixel-row scan, the lane butterfly or the mma.sync epilogue)."""
+    if profile == "H100" and not model_new.fused_kernel_launches("sm90_tf32"):
+        pytest.skip("the H100 profile needs an sm_90 GPU")
+    spec = harness.PRECISIONS[precision]
+    torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+    x = make_input((2, 16, 21, 140), seed=63, device="cuda").to(spec.dtype)
+    w = torch.zeros(64, 16, 3, 3, device="cuda", dtype=spec.dtype)
+    b = torch.full((64,), 0.375, device="cuda", dtype=spec.dtype)
+    with harness.emulated(profile):
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    assert int(argmin.max()) == 0, f"{precision} {profile}: a tie went to channel {int(argmin.max())}"
+    assert bool((pre_min == 0.375).all()), (precision, profile)
+
+
+@needs_cuda
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_an_infinite_weight_beside_zero_weights_gives_torch_mins(profile, tf32_default):
+    """One infinite weight, every other weight and the bias 0 (so the weights' scale carries all of them): at its tap
+    an input of 0 makes the channel NaN (0 * inf), one of 1e-30 (below fp16's subnormals) +-inf, a number +-inf. The
+    TF32 forwards, inference and saving, give the float64 truth's output (NaN where it has NaN; computed on the CPU,
+    where no transform mixes the infinity into other sums) and torch.min's argmin (the NaN channel, else the first of
+    the smallest): the carrier sends every image to its guard."""
+    if profile == "H100" and not model_new.fused_kernel_launches("sm90_tf32"):
+        pytest.skip("the H100 profile needs an sm_90 GPU")
+    torch.backends.cudnn.allow_tf32 = True
+    w, b = torch.zeros(64, 16, 3, 3, device="cuda"), torch.zeros(64, device="cuda")
+    w[5, 3, 1, 2] = float("inf")
+    x = torch.randn(3, 16, 20, 70, generator=torch.Generator("cuda").manual_seed(65), device="cuda")
+    tap = x[:, 3, 1:-1, 2:]  # the input each output pixel meets at the infinite weight
+    tap[0, ::3, ::5] = 0.0
+    tap[1, 1::4, ::3] = 1e-30
+    tap[1, 2::4, 1::3] = -1e-30
+    tap[2] = 0.0
+    channels = torch.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu())
+    want_min, want_argmin = (t.cuda() for t in channels.min(dim=1, keepdim=True))
+    want = harness.float64_forward(x.cpu(), w.cpu(), b.cpu()).float().cuda()
+    assert want.isnan().any() and (want_min == -float("inf")).any() and (want_min == 0).any()
+    assert torch.equal(want.isnan(), want_min.isnan())
+    with harness.emulated(profile):
+        inference = model_new.conv_min_tanh2(x, w, b, AUTO)
+        out, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+    for name, got in (("inference", inference), ("saving", out)):
+        assert torch.equal(got.isnan(), want.isnan()), f"{profile} {name}: NaN where the reference has none, or none"
+        assert torch.allclose(got, want, atol=1e-6, equal_nan=True), f"{profile} {name}"
+    assert torch.equal(pre_min.isnan(), want_min.isnan()), profile
+    assert torch.equal(pre_min.nan_to_num(), want_min.float().nan_to_num()), profile
+    assert torch.equal(argmin.long(), want_argmin), profile
+
+
 BIAS_CASES = {
     # needs 21 significant bits: rounded to TF32 (either way) it is 4.9e-4 off, 1.2e-4 after the tanhs
     "beyond_tf32": -(1 + 2.0 ** -11 + 2.0 ** -20),
@@ -2691,15 +2746,17 @@ def test_guard_lists_and_recomputes_inputs_fp16_does_not_hold(name, tf32_default
 
 
 @needs_cuda
-@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias", "bias_lost"])
+@pytest.mark.parametrize("case", ["tiny", "huge", "bias_large", "zero", "wide", "nan_weight", "nan_bias", "bias_lost",
+                                  "inf_weight", "inf_bias"])
 @pytest.mark.parametrize("name", GUARDED)
 def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_default):
     """The weights are scaled by a power of two into fp16's range and the scale is undone after the min: tiny
     (x 1e-20) and huge (x 1e20) weights, a bias 1e4 times the weights, all-zero weights give the kernel's products
     (TF32: the TF32-rounded operands'; strict: the operands' own) within 1e-6 of the output's scale from the guard
     kernel's and 2e-6 of the float64 forward, nothing listed. Weights fp16 cannot hold at any one scale (one
-    weight 2^40 times the rest), a NaN weight or bias, or a bias that the scale would take below fp32's normal range
-    (weights x 1e20, bias x 1e-25) list every image, and the output is the guard kernel's."""
+    weight 2^40 times the rest), a NaN or infinite weight or bias (beside zero weights, which the scale carries), or
+    a bias that the scale would take below fp32's normal range (weights x 1e20, bias x 1e-25) list every image, and
+    the output is the guard kernel's."""
     strict = _row(name).precision == "strict_fp32"
     _guarded_or_skip(name)
     _, new = _cuda_models(10)
@@ -2720,10 +2777,16 @@ def test_weight_scale_carries_weights_or_lists_every_image(name, case, tf32_defa
         b[7] = float("nan")
     elif case == "bias_lost":
         w, b = w * 1e20, b * 1e-25
+    elif case == "inf_weight":  # the scale carries the other weights and the bias (all 0) and the infinity too
+        w, b = torch.zeros_like(w), torch.zeros_like(b)
+        w[5, 0, 0, 0] = float("inf")
+    elif case == "inf_bias":  # alone, so that the scale carries every other bias
+        w, b = torch.zeros_like(w), torch.zeros_like(b)
+        b[7] = float("inf")
     x = make_input((3, 16, 20, 70), seed=11, device="cuda")
     out, listed = model_new.run_guarded_kernel(x, w, b, name, True)
     tf32 = model_new.run_fused_kernel(x, w, b, _guard_of(name))
-    if case in ("wide", "nan_weight", "nan_bias", "bias_lost"):
+    if case in ("wide", "nan_weight", "nan_bias", "bias_lost", "inf_weight", "inf_bias"):
         assert sorted(listed.tolist()) == [0, 1, 2]
         assert _bit_equal(out, tf32)
     else:

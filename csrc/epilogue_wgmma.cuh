@@ -189,10 +189,10 @@ struct WgmmaEpilogue {
   // kPixelRows: each pixel's min and argmin (torch.min's, precedes()) into `minima` and `channels` at skewed(p). The
   // thread scans its 16 channels of each of its 8 pixel rows in channel order (8 j + 2 t + e), a channel taken only
   // where it strictly precedes the one held (a guarded kernel by scan_min_finite: an image with an input, weight or
-  // bias its operands do not carry is listed and rewritten by its guard, so its kept sums hold no NaN, but for an
-  // infinite weight beside weights the scale carries, docs/design.md); then two shuffle steps over the quad (lanes
-  // xor 1, xor 2), each keeping half of the rows, take the min over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1),
-  // both of its rows. before_stores() runs between that and the stores (the wait for a free stage buffer).
+  // bias its operands do not carry, or one not finite, is listed and rewritten by its guard, so its kept sums hold
+  // no NaN); then two shuffle steps over the quad (lanes xor 1, xor 2), each keeping half of the rows, take the min
+  // over the quad's 4 channel sets, so lane t ends with sub-tile 2 (t & 1) + (t >> 1), both of its rows.
+  // before_stores() runs between that and the stores (the wait for a free stage buffer).
   template <class BeforeStores>
   __device__ void reduce_pixel_rows(const typename Mainloop::Accum& acc, int g, int t, int warp, float* minima,
                                     unsigned char* channels, const BeforeStores& before_stores) const {

@@ -224,12 +224,15 @@ struct Tf32OnF16 {
   // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)| (pow2_scale).
   __device__ static float scale_of(const uint32_t* scratch, int sign = 1) { return pow2_scale<15>(scratch, sign); }
   __device__ static float scale(float v, float scale) { return v * scale; }
-  // Whether v (a weight or a bias) does not come back from v * 2^s: a weight also must be an fp16 value once rounded to
-  // TF32 and scaled. Either lists every image.
-  // (inverse: 2^-s, exact).
+  // Whether v (a weight or a bias) is not finite or does not come back from v * 2^s (inverse: 2^-s, exact): a weight
+  // also must be an fp16 value once rounded to TF32 and scaled. Either lists every image. fp16 carries an infinite
+  // weight, but its products are not all the reference's: an input below fp16's subnormals at its tap makes a NaN
+  // where the reference has an infinity, and the NaN that an input of 0 makes there is one that the guarded kernels'
+  // pixel-row scan (scan_min_finite) would not order.
   __device__ static bool inexact(float v, float scale) {
     const float scaled = round_to_tf32(v) * scale;
-    return !(scaled * __frcp_rn(scale) == round_to_tf32(v) && __half2float(__float2half_rn(scaled)) == scaled);
+    return !(isfinite(v) && scaled * __frcp_rn(scale) == round_to_tf32(v) &&
+             __half2float(__float2half_rn(scaled)) == scaled);
   }
   // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
   // scaled magnitude is 0 or within [2^-12, 65504].
@@ -238,7 +241,7 @@ struct Tf32OnF16 {
     const float sum = __half2float(bias_part<__half>(v, scale, 0)) +
                       (__half2float(bias_part<__half>(v, scale, 1)) * 0x1p-11f +
                        __half2float(bias_part<__half>(v, scale, 2)) * 0x1p-22f);
-    return !(scaled * __frcp_rn(scale) == v && sum == scaled);
+    return !(isfinite(v) && scaled * __frcp_rn(scale) == v && sum == scaled);
   }
   // The wgmma bias k-step: the scaled bias as three fp16 values p0 + p1 * 2^-11 + p2 * 2^-22, split_tf32_bias's parts
   // (11 significant bits each, the last at most 2) with the second and third scaled up so that they stay fp16 values;

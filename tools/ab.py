@@ -41,6 +41,8 @@ def load(path, name, extension=None, namespace=None):
             if text.count(old) != 1:
                 raise SystemExit(f"ab.py: expected {old!r} once in {path}, found it {text.count(old)} times")
             text = text.replace(old, new)
+        # the C++ library registers its CUDA kernels under the namespace that the bundled sources define
+        text = text.replace("#define KB25_OP_NAMESPACE kb25\n", f"#define KB25_OP_NAMESPACE {namespace}\n")
     copy = os.path.join(ROOT, "build", "ab", f"{name}.py")
     os.makedirs(os.path.dirname(copy), exist_ok=True)
     with open(copy, "w") as f:

@@ -85,6 +85,21 @@ MUTANTS = {
         ["test_autocast_kernel_rounds_the_weights_as_the_cast[torch.bfloat16-H100-ties]",
          "test_autocast_kernel_rounds_the_weights_as_the_cast[torch.float16-A100-ties]"],
     ),
+    # the carrier keeps images whose weights hold an infinity (fp16 carries it; what it meets, it does not)
+    "carrier_keeps_infinite_weights": (
+        "return !(isfinite(v) && scaled * __frcp_rn(scale) == round_to_tf32(v) &&",
+        "return !(scaled * __frcp_rn(scale) == round_to_tf32(v) &&",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_tf32_f16-inf_weight]",
+         "test_weight_scale_carries_weights_or_lists_every_image[sm80_tf32_f16-inf_weight]",
+         node("test_an_infinite_weight_beside_zero_weights_gives_torch_mins", shape="H100")],
+    ),
+    # the carrier keeps images where the bias holds an infinity
+    "carrier_keeps_an_infinite_bias": (
+        "return !(isfinite(v) && scaled * __frcp_rn(scale) == v && sum == scaled);",
+        "return !(scaled * __frcp_rn(scale) == v && sum == scaled);",
+        ["test_weight_scale_carries_weights_or_lists_every_image[sm90_tf32_f16-inf_bias]",
+         "test_weight_scale_carries_weights_or_lists_every_image[sm80_tf32_f16-inf_bias]"],
+    ),
     # the carrier's bias MMA loses the bias's second part (B's k row 1 zero instead of 2^-11)
     "carrier_bias_part_dropped": (
         "return __float2half_rn(kk == 1 ? 0x1p-11f : kk == 2 ? 0x1p-22f : 1.f);",
@@ -692,13 +707,16 @@ MUTANTS = {
     "pixel_rows_ties_go_to_the_later_channel": (
         "const bool took = !(best <= v) && best == best;",
         "const bool took = !(best < v) && best == best;",
-        ["test_argmin_order_is_torch_mins_in_any_fold_order"],
+        ["test_argmin_order_is_torch_mins_in_any_fold_order",
+         node("test_saving_forward_ties_go_to_the_first_channel", shape="bf16-H100"),
+         node("test_saving_forward_ties_go_to_the_first_channel", shape="fp16-H100")],
     ),
     # the guarded kernels' pixel-row scan (finite sums) lets a later channel of an equal value take the argmin
     "pixel_rows_finite_ties_go_to_the_later_channel": (
         "const bool took = v < best;",
         "const bool took = v <= best;",
         [node("test_training_ties_go_to_the_first_channel", shape="H100"),
+         node("test_saving_forward_ties_go_to_the_first_channel", shape="tf32-H100"),
          "test_argmin_order_is_torch_mins_in_any_fold_order"],
     ),
     # the pixel-row saving epilogue lets a number after a NaN take the argmin (and the min)

@@ -235,11 +235,12 @@ def render_speed_of_light(result):
             part = f"{precision} {_fmt(vs, '.2f', '×')}"
             extra = [f"correctness trials {str(trials).strip('()').replace(' ', '')}" if trials else None,
                      "excessive_speedup flagged" if flag else None]
-            extra = [e for e in extra if e]
-            parts.append(part + (f" ({', '.join(extra)})" if extra else ""))
+            parts.append((part, ", ".join(e for e in extra if e)))
         if parts:
-            lines += ["", "KernelBench's own evaluation, ModelNew against its eager reference: " + "; ".join(parts)
-                      + "."]
+            shared = parts[0][1] if len({extra for _, extra in parts}) == 1 else None  # said once where all agree
+            text = "; ".join(part if shared is not None or not extra else f"{part} ({extra})" for part, extra in parts)
+            lines += ["", "KernelBench's own evaluation, ModelNew against its eager reference: " + text
+                      + (f" ({shared} in each)" if shared else "") + "."]
     return "\n".join(lines)
 
 

@@ -665,8 +665,8 @@ __host__ __device__ __forceinline__ void scan_min(float& best, int& channel, flo
   best = took ? v : best;
   channel = took ? c : channel;
 }
-// scan_min where neither best nor v is a NaN (a guarded kernel's kept images, Tf32OnF16::inexact): the
-// smaller value, a later channel of an equal value never. One compare where scan_min needs two.
+// scan_min where neither best nor v is a NaN (a guarded kernel's kept images: the tags' inexact() lists the rest):
+// the smaller value, a later channel of an equal value never. One compare where scan_min needs two.
 __host__ __device__ __forceinline__ void scan_min_finite(float& best, int& channel, float v, int c) {
   const bool took = v < best;
   best = took ? v : best;

@@ -37,6 +37,9 @@ class RecordModel:
             setattr(self, name, copy.deepcopy(getattr(type(self), name)))
         self.__dict__.update(kwargs)
 
+    def __repr__(self):
+        return " ".join(f"{name}={value!r}" for name, value in self.__dict__.items())
+
 
 LLM_CLIENTS = {"dotenv": {"load_dotenv": lambda *a, **k: None}, "openai": {"OpenAI": None},
                "litellm": {"completion": None}}

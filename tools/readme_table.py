@@ -237,7 +237,8 @@ def render_speed_of_light(result):
                      "excessive_speedup flagged" if flag else None]
             parts.append((part, ", ".join(e for e in extra if e)))
         if parts:
-            shared = parts[0][1] if len({extra for _, extra in parts}) == 1 else None  # said once where all agree
+            # said once where two or more precisions share them
+            shared = parts[0][1] if len(parts) > 1 and len({extra for _, extra in parts}) == 1 else None
             text = "; ".join(part if shared is not None or not extra else f"{part} ({extra})" for part, extra in parts)
             lines += ["", "KernelBench's own evaluation, ModelNew against its eager reference: " + text
                       + (f" ({shared} in each)" if shared else "") + "."]

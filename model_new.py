@@ -226,7 +226,8 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
 // The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where
 // tensor_cores, on mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such
-// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA
+// count, follows it).
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks);
@@ -2442,8 +2443,13 @@ struct GradWeightFedOf : GradGeometry {
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(Producer::kLate * Producer::kChannels <= 32, "the late items' vectors: a lane each of warp 0");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
-  // two CTAs an SM (1 KB a CTA reserved): on sm_80 without kBuiltB, on sm_90 and sm_100 with
-  static_assert(2 * (kSmemBytes + 1024) <= (kBuiltB ? 228 : 164) * 1024, "two CTAs an SM");
+  // Two CTAs an SM where a block may opt in to `smem_optin` bytes: an SM holds smem_optin and 1 KB more (sm_80: 163 +
+  // 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
+  __host__ __device__ static constexpr bool two_fit(int smem_optin) {
+    return 2 * (kSmemBytes + 1024) <= smem_optin + 1024;
+  }
+  static_assert(two_fit(kBuiltB ? kMaxSmemPerBlock : 163 * 1024),
+                "two CTAs an SM: on sm_80 without kBuiltB, on sm_90 and sm_100 with");
   static_assert(kSlots == 4 && kChunks % 2 == 0, "kBuiltB: two B buffers; chunks in pairs");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
@@ -2465,7 +2471,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
                                              int64_t total_steps) {
   // With kBuiltB, compiled only where two CTAs fit an SM (sm_90, sm_100; choose_grad_weight_kernel picks it only
   // there).
-  if constexpr (kHasFused && (!kBuiltB || 2 * (GradWeightFed<true>::kSmemBytes + 1024) <= kArchSmemPerBlock + 1024)) {
+  if constexpr (kHasFused && (!kBuiltB || GradWeightFed<true>::two_fit(kArchSmemPerBlock))) {
     using G = GradWeightFedOf<Elem, kBuiltB>;
     extern __shared__ __align__(128) unsigned char smem[];
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
@@ -4619,12 +4625,11 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
 }
 
 enum GradWeightKernel { kGradWeightWalkers = 0, kGradWeightFed = 1, kGradWeightFedBuiltB = 2 };
+static bool is_grad_weight_kernel(int kernel) { return kernel >= kGradWeightWalkers && kernel <= kGradWeightFedBuiltB; }
 
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
   if (!tensor_cores) return kGradWeightWalkers;
-  // An SM holds smem_optin and 1 KB more (sm_80: 163 + 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
-  constexpr int kBuiltBPair = 2 * (kb25::GradWeightFed<true>::kSmemBytes + 1024);
-  return kBuiltBPair <= smem_optin + 1024 ? kGradWeightFedBuiltB : kGradWeightFed;
+  return kb25::GradWeightFed<true>::two_fit(smem_optin) ? kGradWeightFedBuiltB : kGradWeightFed;
 }
 
 // CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
@@ -4651,7 +4656,7 @@ struct GradWeightPerSm {
 // kernel: choose_grad_weight_kernel's.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks) {
-  if (kernel < kGradWeightWalkers || kernel > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
+  if (!is_grad_weight_kernel(kernel)) return cudaErrorInvalidValue;
   int per_sm = 0;
   const cudaError_t err = by_elem<GradWeightPerSm>(elem, kernel, &per_sm);
   if (err != cudaSuccess) return err;
@@ -4685,7 +4690,7 @@ struct LaunchGradWeight {
                          int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
-    if (kernel_kind < kGradWeightWalkers || kernel_kind > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
+    if (!is_grad_weight_kernel(kernel_kind)) return cudaErrorInvalidValue;
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
@@ -4811,7 +4816,8 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
 // The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where
 // tensor_cores, on mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such
-// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA
+// count, follows it).
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks);
@@ -5307,7 +5313,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
           elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(),
-          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
+          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr,
+          need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
   }

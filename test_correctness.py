@@ -681,6 +681,7 @@ def _start_builds(request):
         ("test_cuda_source_compiles_for_every_arch_without_spills", lambda p: _start_host_programs(PRIORITY["host"])),
         ("test_chooser_picks_only_kernels_each_arch_can_launch", lambda p: _start_host_programs(PRIORITY["host"])),
         ("test_argmin_order_is_torch_mins_in_any_fold_order", lambda p: _start_host_programs(PRIORITY["host"])),
+        ("test_grad_weight_chooser_picks_built_b_where_two_ctas_fit", lambda p: _start_host_programs(PRIORITY["host"])),
         ("test_cuda_source_compiles_after_torchs_headers", lambda p: model_new._cuda_std() == "c++20" and _nvcc(None)
          and TORCH_HEADERS.start([q["arch"] for q in p], PRIORITY["torch_headers"])),
         ("test_cuda_source_compiles_for_every_arch_without_spills", lambda p: SOURCE_TARGETS.start(
@@ -1104,6 +1105,27 @@ def test_chooser_picks_only_kernels_each_arch_can_launch():
             assert 0 < guard_smem <= optin, (where, guard_row, guard_smem)
         else:
             assert guard == -1, (where, row, guard)
+
+
+def test_grad_weight_chooser_picks_built_b_where_two_ctas_fit():
+    """The dW chooser (choose_grad_weight_kernel, host code of the CUDA source) for every arch's shared memory and the
+    emulated sm_90 sweep: the walkers without tensor cores; with them the fed kernel, its B built by its producer
+    exactly where two such CTAs fit an SM (an SM holds the opt-in and 1 KB more, 1 KB reserved a CTA: sm_90 and
+    sm_100 at 227 KB), and two CTAs of whichever fed kernel it picks always fit."""
+    archs = sorted(SMEM_OPTIN_BY_ARCH.items()) + [(90, smem) for smem in SM90_SMEM_SWEEP]
+    out = _host_program("chooser", "dw", input="".join(f"{sm} {smem}\n" for sm, smem in archs))
+    rows = [tuple(int(v) for v in line.split()) for line in out.split("\n") if line.strip()]
+    assert len(rows) == 2 * len(archs), out
+    assert {k for optin, tc, k, _ in rows if tc and optin == 227 * 1024} == {2}
+    assert {k for optin, tc, k, _ in rows if tc and optin <= 163 * 1024} == {1}
+    built_b_bytes = next(b for _, tc, k, b in rows if k == 2)  # the built-B kernel's shared memory a CTA
+    for optin, tensor_cores, kernel, smem in rows:
+        if not tensor_cores:
+            assert kernel == 0, (optin, kernel)
+            continue
+        assert kernel == (2 if 2 * (built_b_bytes + 1024) <= optin + 1024 else 1), (optin, kernel)
+        if optin >= 163 * 1024:  # the 99 KB GPUs hold one fed CTA an SM
+            assert 2 * (smem + 1024) <= optin + 1024, (optin, kernel, smem)
 
 
 def test_argmin_order_is_torch_mins_in_any_fold_order():

@@ -141,8 +141,13 @@ struct GradWeightFedOf : GradGeometry {
   static_assert(kThreads >= kPartial, "a thread an entry for write_partial");
   static_assert(Producer::kLate * Producer::kChannels <= 32, "the late items' vectors: a lane each of warp 0");
   static_assert(kRingBytes % 16 == 0 && kBarrierOffset % 8 == 0, "alignment");
-  // two CTAs an SM (1 KB a CTA reserved): on sm_80 without kBuiltB, on sm_90 and sm_100 with
-  static_assert(2 * (kSmemBytes + 1024) <= (kBuiltB ? 228 : 164) * 1024, "two CTAs an SM");
+  // Two CTAs an SM where a block may opt in to `smem_optin` bytes: an SM holds smem_optin and 1 KB more (sm_80: 163 +
+  // 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
+  __host__ __device__ static constexpr bool two_fit(int smem_optin) {
+    return 2 * (kSmemBytes + 1024) <= smem_optin + 1024;
+  }
+  static_assert(two_fit(kBuiltB ? kMaxSmemPerBlock : 163 * 1024),
+                "two CTAs an SM: on sm_80 without kBuiltB, on sm_90 and sm_100 with");
   static_assert(kSlots == 4 && kChunks % 2 == 0, "kBuiltB: two B buffers; chunks in pairs");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
@@ -164,7 +169,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
                                              int64_t total_steps) {
   // With kBuiltB, compiled only where two CTAs fit an SM (sm_90, sm_100; choose_grad_weight_kernel picks it only
   // there).
-  if constexpr (kHasFused && (!kBuiltB || 2 * (GradWeightFed<true>::kSmemBytes + 1024) <= kArchSmemPerBlock + 1024)) {
+  if constexpr (kHasFused && (!kBuiltB || GradWeightFed<true>::two_fit(kArchSmemPerBlock))) {
     using G = GradWeightFedOf<Elem, kBuiltB>;
     extern __shared__ __align__(128) unsigned char smem[];
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends

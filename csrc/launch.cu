@@ -249,12 +249,11 @@ static int64_t grad_weight_steps(int64_t N, int H, int W) {
 }
 
 enum GradWeightKernel { kGradWeightWalkers = 0, kGradWeightFed = 1, kGradWeightFedBuiltB = 2 };
+static bool is_grad_weight_kernel(int kernel) { return kernel >= kGradWeightWalkers && kernel <= kGradWeightFedBuiltB; }
 
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin) {
   if (!tensor_cores) return kGradWeightWalkers;
-  // An SM holds smem_optin and 1 KB more (sm_80: 163 + 1 KB; sm_90, sm_100: 227 + 1), 1 KB of it reserved a CTA.
-  constexpr int kBuiltBPair = 2 * (kb25::GradWeightFed<true>::kSmemBytes + 1024);
-  return kBuiltBPair <= smem_optin + 1024 ? kGradWeightFedBuiltB : kGradWeightFed;
+  return kb25::GradWeightFed<true>::two_fit(smem_optin) ? kGradWeightFedBuiltB : kGradWeightFed;
 }
 
 // CTAs an SM of the dW kernel `kernel` (GradWeightKernel) for x of type Elem.
@@ -281,7 +280,7 @@ struct GradWeightPerSm {
 // kernel: choose_grad_weight_kernel's.
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks) {
-  if (kernel < kGradWeightWalkers || kernel > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
+  if (!is_grad_weight_kernel(kernel)) return cudaErrorInvalidValue;
   int per_sm = 0;
   const cudaError_t err = by_elem<GradWeightPerSm>(elem, kernel, &per_sm);
   if (err != cudaSuccess) return err;
@@ -315,7 +314,7 @@ struct LaunchGradWeight {
                          int W, cudaStream_t stream) {
     using G = kb25::GradWeight;
     const int64_t steps = grad_weight_steps(N, H, W);
-    if (kernel_kind < kGradWeightWalkers || kernel_kind > kGradWeightFedBuiltB) return cudaErrorInvalidValue;
+    if (!is_grad_weight_kernel(kernel_kind)) return cudaErrorInvalidValue;
     if (blocks <= 0 || blocks > steps) return steps == 0 && blocks == 0 ? cudaSuccess : cudaErrorInvalidValue;
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);

@@ -497,7 +497,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
                                      xc.options().dtype(at::kFloat));
       const cudaError_t err = launch_conv3x3_min_tanh2_grad_weight(
           elem, kernel, xc.data_ptr(), gc.data_ptr(), mc.data_ptr<float>(), ac.data_ptr<uint8_t>(),
-          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr, need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
+          partial.data_ptr<float>(), blocks, need_weight ? dw.data_ptr() : nullptr,
+          need_bias ? db.data_ptr() : nullptr, N, (int)H, (int)W, stream);
       TORCH_CHECK(err == cudaSuccess, "ModelNew: the weight-gradient kernels did not launch: " + std::string(cudaGetErrorString(err)));
     }
   }

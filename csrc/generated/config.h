@@ -72,7 +72,8 @@ extern "C" cudaError_t launch_conv3x3_min_tanh2_grad_input(int elem, const void*
                                                            int64_t N, int H, int W, int num_sms, cudaStream_t stream);
 // The dW kernel (launch.cu's GradWeightKernel) for a GPU with smem_optin bytes of shared memory a block: where
 // tensor_cores, on mma.sync with TF32-rounded (or 16-bit) operands (its one-hot B built by its producer where two such
-// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA count, follows it).
+// CTAs fit an SM), else every product in fp32 on the CUDA cores. elem: x's element code (the kernel, and so the CTA
+// count, follows it).
 extern "C" int choose_grad_weight_kernel(bool tensor_cores, int smem_optin);
 extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N, int H, int W, int num_sms,
                                                             int kernel, int* blocks);

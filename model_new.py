@@ -1063,15 +1063,16 @@ struct Tf32OnF16 {
   // 2^(sign * s), s = 15 - the exponent of the largest |tf32(w)| (pow2_scale).
   __device__ static float scale_of(const uint32_t* scratch, int sign = 1) { return pow2_scale<15>(scratch, sign); }
   __device__ static float scale(float v, float scale) { return v * scale; }
-  // Whether v (a weight or a bias) is not finite or does not come back from v * 2^s (inverse: 2^-s, exact): a weight
-  // also must be an fp16 value once rounded to TF32 and scaled. Either lists every image. fp16 carries an infinite
-  // weight, but its products are not all the reference's: an input below fp16's subnormals at its tap makes a NaN
-  // where the reference has an infinity, and the NaN that an input of 0 makes there is one that the guarded kernels'
-  // pixel-row scan (scan_min_finite) would not order.
+  // Whether a weight's TF32 value is not finite (an infinity, a NaN, or a finite weight of magnitude 0x7F7FF000 or
+  // more, which rounds up to infinity) or does not come back from tf32(v) * 2^s (inverse: 2^-s, exact), or is not an
+  // fp16 value once scaled. Any of them lists every image. fp16 carries an infinite weight, but its products are not
+  // all the reference's: an input below fp16's subnormals at its tap makes a NaN where the reference has an
+  // infinity, and the NaN that an input of 0 makes there is one that the guarded kernels' pixel-row scan
+  // (scan_min_finite) would not order.
   __device__ static bool inexact(float v, float scale) {
-    const float scaled = round_to_tf32(v) * scale;
-    return !(isfinite(v) && scaled * __frcp_rn(scale) == round_to_tf32(v) &&
-             __half2float(__float2half_rn(scaled)) == scaled);
+    const float tf32 = round_to_tf32(v);
+    const float scaled = tf32 * scale;
+    return !(isfinite(tf32) && scaled * __frcp_rn(scale) == tf32 && __half2float(__float2half_rn(scaled)) == scaled);
   }
   // The bias must also be the sum of its three fp16 parts (bias_part) once scaled: true for every finite bias whose
   // scaled magnitude is 0 or within [2^-12, 65504].

@@ -1655,27 +1655,31 @@ def test_saving_forward_ties_go_to_the_first_channel(precision, profile, tf32_de
 
 
 @needs_cuda
+@pytest.mark.parametrize("weight", ["inf", "tf32_overflow"])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-def test_an_infinite_weight_beside_zero_weights_gives_torch_mins(profile, tf32_default):
-    """One infinite weight, every other weight and the bias 0 (so the weights' scale carries all of them): at its tap
-    an input of 0 makes the channel NaN (0 * inf), one of 1e-30 (below fp16's subnormals) +-inf, a number +-inf. The
-    TF32 forwards, inference and saving, give the float64 truth's output (NaN where it has NaN; computed on the CPU,
-    where no transform mixes the infinity into other sums) and torch.min's argmin (the NaN channel, else the first of
-    the smallest): the carrier sends every image to its guard."""
+def test_an_infinite_weight_beside_zero_weights_gives_torch_mins(profile, weight, tf32_default):
+    """One infinite weight (inf, or the largest finite float, 0x7F7FFFFF, which TF32's rounding takes to infinity),
+    every other weight and the bias 0 (so the weights' scale carries all of them): at its tap an input of 0 makes the
+    channel NaN (0 * inf), one of 1e-30 (below fp16's subnormals) +-inf, a number +-inf. The TF32 forwards, inference
+    and saving, give the float64 truth's output over the TF32-rounded weights (NaN where it has NaN; computed on the
+    CPU, where no transform mixes the infinity into other sums) and torch.min's argmin (the NaN channel, else the
+    first of the smallest): the carrier sends every image to its guard."""
     if profile == "H100" and not model_new.fused_kernel_launches("sm90_tf32"):
         pytest.skip("the H100 profile needs an sm_90 GPU")
     torch.backends.cudnn.allow_tf32 = True
     w, b = torch.zeros(64, 16, 3, 3, device="cuda"), torch.zeros(64, device="cuda")
-    w[5, 3, 1, 2] = float("inf")
+    w[5, 3, 1, 2] = float("inf") if weight == "inf" else torch.finfo(torch.float32).max
+    assert torch.isinf(harness.round_tf32(w[5, 3, 1, 2]))
     x = torch.randn(3, 16, 20, 70, generator=torch.Generator("cuda").manual_seed(65), device="cuda")
     tap = x[:, 3, 1:-1, 2:]  # the input each output pixel meets at the infinite weight
     tap[0, ::3, ::5] = 0.0
     tap[1, 1::4, ::3] = 1e-30
     tap[1, 2::4, 1::3] = -1e-30
     tap[2] = 0.0
-    channels = torch.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu())
+    w_tf32 = harness.round_tf32(w).cpu()
+    channels = torch.conv2d(x.double().cpu(), w_tf32.double(), b.double().cpu())
     want_min, want_argmin = (t.cuda() for t in channels.min(dim=1, keepdim=True))
-    want = harness.float64_forward(x.cpu(), w.cpu(), b.cpu()).float().cuda()
+    want = harness.float64_forward(x.cpu(), w_tf32, b.cpu()).float().cuda()
     assert want.isnan().any() and (want_min == -float("inf")).any() and (want_min == 0).any()
     assert torch.equal(want.isnan(), want_min.isnan())
     with harness.emulated(profile):

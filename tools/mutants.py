@@ -87,11 +87,18 @@ MUTANTS = {
     ),
     # the carrier keeps images whose weights hold an infinity (fp16 carries it; what it meets, it does not)
     "carrier_keeps_infinite_weights": (
-        "return !(isfinite(v) && scaled * __frcp_rn(scale) == round_to_tf32(v) &&",
-        "return !(scaled * __frcp_rn(scale) == round_to_tf32(v) &&",
+        "return !(isfinite(tf32) && scaled * __frcp_rn(scale) == tf32 &&",
+        "return !(scaled * __frcp_rn(scale) == tf32 &&",
         ["test_weight_scale_carries_weights_or_lists_every_image[sm90_tf32_f16-inf_weight]",
          "test_weight_scale_carries_weights_or_lists_every_image[sm80_tf32_f16-inf_weight]",
-         node("test_an_infinite_weight_beside_zero_weights_gives_torch_mins", shape="H100")],
+         node("test_an_infinite_weight_beside_zero_weights_gives_torch_mins", shape="H100-inf")],
+    ),
+    # the carrier keeps images with a finite weight that TF32 rounds up to infinity (checks v, not its TF32 value)
+    "carrier_keeps_tf32_overflow_weights": (
+        "return !(isfinite(tf32) && scaled * __frcp_rn(scale) == tf32 &&",
+        "return !(isfinite(v) && scaled * __frcp_rn(scale) == tf32 &&",
+        [node("test_an_infinite_weight_beside_zero_weights_gives_torch_mins", shape="H100-tf32_overflow"),
+         node("test_an_infinite_weight_beside_zero_weights_gives_torch_mins", shape="A100-tf32_overflow")],
     ),
     # the carrier keeps images where the bias holds an infinity
     "carrier_keeps_an_infinite_bias": (

@@ -5092,7 +5092,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
-  at::Tensor guard = guarded ? at::zeros({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  // The guard buffer zeroed by a memset in the stream (at::zeros would go through the dispatcher: a fill kernel and
+  // more host time a call).
+  at::Tensor guard = guarded ? at::empty({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  if (guarded) {
+    const cudaError_t err = cudaMemsetAsync(guard.data_ptr<int>(), 0, guard.nbytes(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the guard buffer's memset failed: " + std::string(cudaGetErrorString(err)));
+  }
   const auto launch = [&](int k) {
     const cudaError_t err = launch_fused_conv3x3_min_tanh2(
         k, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
@@ -5331,6 +5337,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
   return {dx, dw, db};
 }
 
+namespace {
+
+// The reference's chain from its min on, for a backward with nothing saved or one that must itself be
+// differentiable (create_graph=True): recompute the conv and the argmin that torch.min picks, tanh_backward twice
+// at the pre-tanh min, the gradient scattered to the argmin (zeros elsewhere), then the conv's dense backward (so
+// 0 * inf is NaN, as in the reference). python/ops.py's reference_backward, in ATen ops that autograd records.
+// An unbatched input's min runs over dim 1 of its 3-D output (the rows), as the reference's does.
+std::vector<at::Tensor> reference_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight,
+                                           const at::Tensor& bias, std::array<bool, 3> needs) {
+  const bool batched = x.dim() == 4;
+  const at::Tensor x4 = batched ? x : x.unsqueeze(0), grad4 = batched ? grad_out : grad_out.unsqueeze(0);
+  const int64_t dim = batched ? 1 : 2;
+  const auto [pre_min, argmin] = at::min(at::conv2d(x4, weight, bias), dim, /*keepdim=*/true);
+  const at::Tensor t1 = at::tanh(pre_min), t2 = at::tanh(t1);
+  const at::Tensor grad_m = at::tanh_backward(at::tanh_backward(grad4, t2), t1);
+  const std::vector<int64_t> y_sizes{x4.size(0), weight.size(0), x4.size(2) - weight.size(2) + 1,
+                                     x4.size(3) - weight.size(3) + 1};
+  const at::Tensor grad_y = at::zeros(y_sizes, grad_m.options()).scatter_(dim, argmin, grad_m);
+  auto [gx, gw, gb] = at::convolution_backward(grad_y, x4, weight, std::vector<int64_t>{weight.size(0)}, {1, 1},
+                                               {0, 0}, {1, 1}, false, {0, 0}, 1, needs);
+  if (needs[0] && !batched) gx = gx.squeeze(0);
+  return {needs[0] ? gx : at::Tensor(), needs[1] ? gw : at::Tensor(), needs[2] ? gb : at::Tensor()};
+}
+
+// An eager training step's forward and backward as a C++ autograd function: the saving forward's kernels, then
+// the backward op's, with no Python on either way (ModelNew.forward takes it for plain CUDA tensors in eager mode
+// once forwards save; the custom op's layers and a Python autograd.Function made a small batch's step the host's).
+struct SavingStep : public torch::autograd::Function<SavingStep> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, int64_t backend) {
+    auto [out, argmin, pre_min] = conv_min_tanh2_with_argmin(x, weight, bias, backend);
+    ctx->save_for_backward({x, weight, bias, argmin, pre_min});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &argmin = saved[3], &pre_min = saved[4];
+    const std::array<bool, 3> needs{ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)};
+    std::vector<at::Tensor> result;
+    if (argmin.numel() == 0 || at::GradMode::is_enabled()) {
+      result = reference_backward(grads[0], x, weight, bias, needs);
+    } else {
+      auto [dx, dw, db] = conv_min_tanh2_backward(grads[0], x, weight, argmin, pre_min, needs[0], needs[1], needs[2]);
+      result = {needs[0] ? dx : at::Tensor(), needs[1] ? dw : at::Tensor(), needs[2] ? db : at::Tensor()};
+    }
+    result.emplace_back();  // the backend
+    return result;
+  }
+};
+
+}  // namespace
+
+// ModelNew's eager training forward: SavingStep's output, whose backward runs the backward op's kernels.
+at::Tensor conv_min_tanh2_saving_step(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                      int64_t backend) {
+  return SavingStep::apply(x, weight, bias, backend);
+}
+
 TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
   m.impl(KB25_OP_NAME, TORCH_FN(conv_min_tanh2));
   m.impl(KB25_OP_NAME "_with_argmin", TORCH_FN(conv_min_tanh2_with_argmin));
@@ -5342,7 +5407,8 @@ TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {
 
 
 # ------------------------------------------------------------------------------------------------ build at import
-EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
+EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_saving_step",
+                       "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
                        "run_fused_kernel_guarded", "run_fused_kernel_saving", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
@@ -5577,15 +5643,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, bias)
 
 
-def _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, needs, backward=None):
-    """The ops' gradients (and None for the backend) from a saved argmin and pre-tanh min, by the backward op (or
-    `backward`, its C++ function: _SavingStep). Nothing saved (see saves_argmin), no output pixel, or a backward that
-    must itself be differentiable (create_graph=True: double backward): the reference's chain in torch ops,
-    recomputed."""
+def _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, needs):
+    """The ops' gradients (and None for the backend) from a saved argmin and pre-tanh min, by the backward op.
+    Nothing saved (see saves_argmin), no output pixel, or a backward that must itself be differentiable
+    (create_graph=True: double backward): the reference's chain in torch ops, recomputed. (The C++ SavingStep that
+    eager training takes, csrc/op.cpp, decides the same way.)"""
     if argmin.numel() == 0 or torch.is_grad_enabled():
         return (*reference_backward(grad_out, x, weight, bias, needs), None)
-    backward = backward or getattr(torch.ops, OP_NAMESPACE).conv_min_tanh2_backward
-    grads = backward(grad_out, x, weight, argmin, pre_min, *needs)
+    grads = getattr(torch.ops, OP_NAMESPACE).conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
     return (*(g if need else None for g, need in zip(grads, needs)), None)
 
 
@@ -5622,23 +5687,6 @@ def _setup_context_with_argmin(ctx, inputs, output):
 
 def _backward_with_argmin(ctx, grad_out, _grad_argmin, _grad_pre_min):
     return _backward_from_argmin(grad_out, *ctx.saved_tensors, ctx.needs_input_grad[:3])
-
-
-class _SavingStep(torch.autograd.Function):
-    """An eager training step's forward and backward with the saving op's formula, without the dispatcher's
-    custom-op layers between Python and the C++ functions (ModelNew.forward takes it for plain CUDA tensors in eager
-    mode once forwards save): at N = 32 those layers made the step the host's, not the GPU's."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, backend):
-        out, argmin, pre_min = _ext.conv_min_tanh2_with_argmin(x, weight, bias, backend)
-        ctx.save_for_backward(x, weight, bias, argmin, pre_min)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _backward_from_argmin(grad_out, *ctx.saved_tensors, ctx.needs_input_grad[:3],
-                                     backward=_ext.conv_min_tanh2_backward)
 
 
 def _conv_min_tanh2_backward_fake(grad, x, weight, argmin, pre_min, need_input, need_weight, need_bias):
@@ -5879,11 +5927,12 @@ class ModelNew(nn.Module):
             raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
         # The op that saves the argmin for its backward (see save_in_forward); is_compiling() first, so that Dynamo
         # does not read (and guard on) the switch. Eager CUDA calls with nothing watching the dispatcher (no dispatch
-        # mode, functorch transform or jit trace) take the same kernels and formula without the op's layers.
+        # mode, functorch transform or jit trace) take the same kernels and formula without the op's layers, as a C++
+        # autograd function (SavingStep, csrc/op.cpp): no Python on the step's way but this method.
         if records and (torch.compiler.is_compiling() or _save_in_forward[0]):
             if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda
                     and not torch.is_autocast_enabled("cuda") and torch._C._len_torch_dispatch_stack() == 0
                     and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None):
-                return _SavingStep.apply(x, weight, bias, backend)
+                return _ext.conv_min_tanh2_saving_step(x, weight, bias, backend)
             return conv_min_tanh2_with_argmin(x, weight, bias, backend)[0]
         return conv_min_tanh2(x, weight, bias, backend)

@@ -2516,6 +2516,35 @@ def test_training_double_backward_follows_the_reference(saving, tf32_default):
 
 
 @needs_cuda
+@pytest.mark.parametrize("case", ["float64", "unbatched"])
+def test_eager_step_that_saves_nothing_follows_the_reference(case, tf32_default):
+    """An eager training call that saves no argmin (float64; an unbatched input, whose min runs over the conv
+    output's rows) still goes through the C++ SavingStep, whose backward then recomputes the reference's chain in
+    ATen ops: the x, weight and bias gradients are the reference's."""
+    previous = model_new.save_in_forward()
+    model_new.save_in_forward(True)
+    try:
+        dtype = torch.float64 if case == "float64" else torch.float32
+        ref, new = (m.to(dtype) for m in _cuda_models(71))
+        x = make_input((2, 16, 9, 11) if case == "float64" else (16, 9, 11), seed=71, device="cuda").to(dtype)
+        grads = []
+        for model in (new, ref):
+            model.zero_grad(set_to_none=True)
+            xg = x.clone().requires_grad_(True)
+            out = model(xg)
+            if model is new:
+                assert "SavingStep" in out.grad_fn.name(), out.grad_fn.name()
+            g = torch.randn(out.shape, generator=torch.Generator("cuda").manual_seed(72), device="cuda", dtype=dtype)
+            out.backward(g)
+            grads.append((xg.grad, model.conv.weight.grad, model.conv.bias.grad))
+        tol = 1e-10 if dtype == torch.float64 else 1e-5
+        for name, got, want in zip(("x", "weight", "bias"), *grads):
+            assert torch.allclose(got, want, atol=tol, rtol=tol), f"{case}: {name}"
+    finally:
+        model_new.save_in_forward(previous)
+
+
+@needs_cuda
 def test_training_saves_in_forward_from_the_first_backward_on(tf32_default):
     """A process starts with forwards under autograd running the inference kernel (KernelBench times ModelNew with
     grad enabled and never calls backward); the first backward runs the saving forward itself and switches later
@@ -2531,8 +2560,8 @@ def test_training_saves_in_forward_from_the_first_backward_on(tf32_default):
             out.backward(g)
             assert model_new.save_in_forward()
             saved = new(xg)
-            name = saved.grad_fn.name()  # the saving op's node, or its eager form's (_SavingStep)
-            assert "conv_min_tanh2_with_argmin" in name or "_SavingStep" in name, name
+            name = saved.grad_fn.name()  # the saving op's node, or its eager form's (the C++ SavingStep)
+            assert "conv_min_tanh2_with_argmin" in name or "SavingStep" in name, name
             first = (xg.grad, new.conv.weight.grad, new.conv.bias.grad)
             again = _grads(new, x, g)[1:]
         assert all(torch.equal(a, b) for a, b in zip(first, again))

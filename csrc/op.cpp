@@ -275,7 +275,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
-  at::Tensor guard = guarded ? at::zeros({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  // The guard buffer zeroed by a memset in the stream (at::zeros would go through the dispatcher: a fill kernel and
+  // more host time a call).
+  at::Tensor guard = guarded ? at::empty({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
+  if (guarded) {
+    const cudaError_t err = cudaMemsetAsync(guard.data_ptr<int>(), 0, guard.nbytes(), current_stream());
+    TORCH_CHECK(err == cudaSuccess, "ModelNew: the guard buffer's memset failed: " + std::string(cudaGetErrorString(err)));
+  }
   const auto launch = [&](int k) {
     const cudaError_t err = launch_fused_conv3x3_min_tanh2(
         k, xc.data_ptr(), wc.data_ptr(), bc.data_ptr(), out.data_ptr(), save ? argmin.data_ptr() : nullptr,
@@ -512,6 +518,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv_min_tanh2_backward(const at:
     TORCH_CHECK(err == cudaSuccess, "ModelNew: the input-gradient kernel did not launch: " + std::string(cudaGetErrorString(err)));
   }
   return {dx, dw, db};
+}
+
+namespace {
+
+// The reference's chain from its min on, for a backward with nothing saved or one that must itself be
+// differentiable (create_graph=True): recompute the conv and the argmin that torch.min picks, tanh_backward twice
+// at the pre-tanh min, the gradient scattered to the argmin (zeros elsewhere), then the conv's dense backward (so
+// 0 * inf is NaN, as in the reference). python/ops.py's reference_backward, in ATen ops that autograd records.
+// An unbatched input's min runs over dim 1 of its 3-D output (the rows), as the reference's does.
+std::vector<at::Tensor> reference_backward(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight,
+                                           const at::Tensor& bias, std::array<bool, 3> needs) {
+  const bool batched = x.dim() == 4;
+  const at::Tensor x4 = batched ? x : x.unsqueeze(0), grad4 = batched ? grad_out : grad_out.unsqueeze(0);
+  const int64_t dim = batched ? 1 : 2;
+  const auto [pre_min, argmin] = at::min(at::conv2d(x4, weight, bias), dim, /*keepdim=*/true);
+  const at::Tensor t1 = at::tanh(pre_min), t2 = at::tanh(t1);
+  const at::Tensor grad_m = at::tanh_backward(at::tanh_backward(grad4, t2), t1);
+  const std::vector<int64_t> y_sizes{x4.size(0), weight.size(0), x4.size(2) - weight.size(2) + 1,
+                                     x4.size(3) - weight.size(3) + 1};
+  const at::Tensor grad_y = at::zeros(y_sizes, grad_m.options()).scatter_(dim, argmin, grad_m);
+  auto [gx, gw, gb] = at::convolution_backward(grad_y, x4, weight, std::vector<int64_t>{weight.size(0)}, {1, 1},
+                                               {0, 0}, {1, 1}, false, {0, 0}, 1, needs);
+  if (needs[0] && !batched) gx = gx.squeeze(0);
+  return {needs[0] ? gx : at::Tensor(), needs[1] ? gw : at::Tensor(), needs[2] ? gb : at::Tensor()};
+}
+
+// An eager training step's forward and backward as a C++ autograd function: the saving forward's kernels, then
+// the backward op's, with no Python on either way (ModelNew.forward takes it for plain CUDA tensors in eager mode
+// once forwards save; the custom op's layers and a Python autograd.Function made a small batch's step the host's).
+struct SavingStep : public torch::autograd::Function<SavingStep> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, int64_t backend) {
+    auto [out, argmin, pre_min] = conv_min_tanh2_with_argmin(x, weight, bias, backend);
+    ctx->save_for_backward({x, weight, bias, argmin, pre_min});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2], &argmin = saved[3], &pre_min = saved[4];
+    const std::array<bool, 3> needs{ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)};
+    std::vector<at::Tensor> result;
+    if (argmin.numel() == 0 || at::GradMode::is_enabled()) {
+      result = reference_backward(grads[0], x, weight, bias, needs);
+    } else {
+      auto [dx, dw, db] = conv_min_tanh2_backward(grads[0], x, weight, argmin, pre_min, needs[0], needs[1], needs[2]);
+      result = {needs[0] ? dx : at::Tensor(), needs[1] ? dw : at::Tensor(), needs[2] ? db : at::Tensor()};
+    }
+    result.emplace_back();  // the backend
+    return result;
+  }
+};
+
+}  // namespace
+
+// ModelNew's eager training forward: SavingStep's output, whose backward runs the backward op's kernels.
+at::Tensor conv_min_tanh2_saving_step(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                      int64_t backend) {
+  return SavingStep::apply(x, weight, bias, backend);
 }
 
 TORCH_LIBRARY_IMPL(KB25_OP_NAMESPACE, CUDA, m) {

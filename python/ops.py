@@ -11,7 +11,8 @@ CUDA_SOURCE = CPP_SOURCE = ""  # bundled away
 
 
 # ------------------------------------------------------------------------------------------------ build at import
-EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_backward", "resolve_backend",
+EXTENSION_FUNCTIONS = ["conv_min_tanh2", "conv_min_tanh2_with_argmin", "conv_min_tanh2_saving_step",
+                       "conv_min_tanh2_backward", "resolve_backend",
                        "fused_kernel", "wgmma_available", "set_device_emulation", "clear_device_emulation",
                        "run_fused_kernel_guarded", "run_fused_kernel_saving", "conv_min_tanh2_cast_input",
                        "run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]
@@ -246,15 +247,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, bias)
 
 
-def _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, needs, backward=None):
-    """The ops' gradients (and None for the backend) from a saved argmin and pre-tanh min, by the backward op (or
-    `backward`, its C++ function: _SavingStep). Nothing saved (see saves_argmin), no output pixel, or a backward that
-    must itself be differentiable (create_graph=True: double backward): the reference's chain in torch ops,
-    recomputed."""
+def _backward_from_argmin(grad_out, x, weight, bias, argmin, pre_min, needs):
+    """The ops' gradients (and None for the backend) from a saved argmin and pre-tanh min, by the backward op.
+    Nothing saved (see saves_argmin), no output pixel, or a backward that must itself be differentiable
+    (create_graph=True: double backward): the reference's chain in torch ops, recomputed. (The C++ SavingStep that
+    eager training takes, csrc/op.cpp, decides the same way.)"""
     if argmin.numel() == 0 or torch.is_grad_enabled():
         return (*reference_backward(grad_out, x, weight, bias, needs), None)
-    backward = backward or getattr(torch.ops, OP_NAMESPACE).conv_min_tanh2_backward
-    grads = backward(grad_out, x, weight, argmin, pre_min, *needs)
+    grads = getattr(torch.ops, OP_NAMESPACE).conv_min_tanh2_backward(grad_out, x, weight, argmin, pre_min, *needs)
     return (*(g if need else None for g, need in zip(grads, needs)), None)
 
 
@@ -291,23 +291,6 @@ def _setup_context_with_argmin(ctx, inputs, output):
 
 def _backward_with_argmin(ctx, grad_out, _grad_argmin, _grad_pre_min):
     return _backward_from_argmin(grad_out, *ctx.saved_tensors, ctx.needs_input_grad[:3])
-
-
-class _SavingStep(torch.autograd.Function):
-    """An eager training step's forward and backward with the saving op's formula, without the dispatcher's
-    custom-op layers between Python and the C++ functions (ModelNew.forward takes it for plain CUDA tensors in eager
-    mode once forwards save): at N = 32 those layers made the step the host's, not the GPU's."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, backend):
-        out, argmin, pre_min = _ext.conv_min_tanh2_with_argmin(x, weight, bias, backend)
-        ctx.save_for_backward(x, weight, bias, argmin, pre_min)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _backward_from_argmin(grad_out, *ctx.saved_tensors, ctx.needs_input_grad[:3],
-                                     backward=_ext.conv_min_tanh2_backward)
 
 
 def _conv_min_tanh2_backward_fake(grad, x, weight, argmin, pre_min, need_input, need_weight, need_bias):
@@ -548,11 +531,12 @@ class ModelNew(nn.Module):
             raise TypeError(f"ModelNew expects a torch.Tensor, got {type(x).__name__}")
         # The op that saves the argmin for its backward (see save_in_forward); is_compiling() first, so that Dynamo
         # does not read (and guard on) the switch. Eager CUDA calls with nothing watching the dispatcher (no dispatch
-        # mode, functorch transform or jit trace) take the same kernels and formula without the op's layers.
+        # mode, functorch transform or jit trace) take the same kernels and formula without the op's layers, as a C++
+        # autograd function (SavingStep, csrc/op.cpp): no Python on the step's way but this method.
         if records and (torch.compiler.is_compiling() or _save_in_forward[0]):
             if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and x.is_cuda
                     and not torch.is_autocast_enabled("cuda") and torch._C._len_torch_dispatch_stack() == 0
                     and not torch._C._are_functorch_transforms_active() and torch._C._get_tracing_state() is None):
-                return _SavingStep.apply(x, weight, bias, backend)
+                return _ext.conv_min_tanh2_saving_step(x, weight, bias, backend)
             return conv_min_tanh2_with_argmin(x, weight, bias, backend)[0]
         return conv_min_tanh2(x, weight, bias, backend)

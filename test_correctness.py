@@ -2507,7 +2507,10 @@ def test_training_double_backward_follows_the_reference(saving, tf32_default):
         for model in (new, ref):
             model.zero_grad(set_to_none=True)
             xg = x.clone().requires_grad_(True)
-            (dx,) = torch.autograd.grad(model(xg), xg, g, create_graph=True)
+            out = model(xg)
+            if model is new and saving:  # the C++ SavingStep, whose backward then recomputes the reference's chain
+                assert "SavingStep" in out.grad_fn.name(), out.grad_fn.name()
+            (dx,) = torch.autograd.grad(out, xg, g, create_graph=True)
             dx.pow(2).sum().backward()
         assert torch.allclose(new.conv.weight.grad, ref.conv.weight.grad, atol=1e-6, rtol=1e-5)
         assert torch.allclose(new.conv.bias.grad, ref.conv.bias.grad, atol=1e-6, rtol=1e-5)

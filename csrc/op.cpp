@@ -275,11 +275,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_conv3x3_min_tan
   at::Tensor argmin = save ? at::empty(sizes, xc.options().dtype(at::kByte)) : at::Tensor();
   at::Tensor pre_min = save ? at::empty(sizes, xc.options().dtype(at::kFloat)) : at::Tensor();
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
-  // The guard buffer zeroed by a memset in the stream (at::zeros would go through the dispatcher: a fill kernel and
-  // more host time a call).
+  // The guard buffer zeroed by a memset in the stream (at::zeros adds a fill_ dispatch and its kernel launch).
   at::Tensor guard = guarded ? at::empty({1 + 2 * N}, xc.options().dtype(at::kInt)) : at::Tensor();
   if (guarded) {
     const cudaError_t err = cudaMemsetAsync(guard.data_ptr<int>(), 0, guard.nbytes(), current_stream());
+    if (err != cudaSuccess) (void)cudaGetLastError();  // not left for the next launch's check to report as its own
     TORCH_CHECK(err == cudaSuccess, "ModelNew: the guard buffer's memset failed: " + std::string(cudaGetErrorString(err)));
   }
   const auto launch = [&](int k) {
@@ -546,7 +546,8 @@ std::vector<at::Tensor> reference_backward(const at::Tensor& grad_out, const at:
 
 // An eager training step's forward and backward as a C++ autograd function: the saving forward's kernels, then
 // the backward op's, with no Python on either way (ModelNew.forward takes it for plain CUDA tensors in eager mode
-// once forwards save; the custom op's layers and a Python autograd.Function made a small batch's step the host's).
+// once forwards save). The custom op's Python layers, or a Python autograd.Function, cost a small batch's step more
+// host time than its GPU work.
 struct SavingStep : public torch::autograd::Function<SavingStep> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, int64_t backend) {

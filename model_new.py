@@ -325,6 +325,19 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
                " @!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 #endif
 }
+// Asynchronous copies (sm_80+): 16 bytes from global memory into shared memory through L2 only (.cg), grouped by
+// commit; wait_all waits for every group this thread committed. A thread that reads back only what it copied itself
+// needs no barrier.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 // A barrier for the kThreads threads of one consumer warpgroup (id 0 is __syncthreads()).
 template <int kThreads>
 __device__ __forceinline__ void named_barrier(int id) {
@@ -1972,13 +1985,38 @@ struct RowProducer {
   // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
   // are never stored.
   __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+    const Bits* src = item_source(item, x_img, y, col0);
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
+  }
+  // Where item `item`'s first channel vector lies (the image's first chunk where the chunk is past the row's end).
+  __device__ const Bits* item_source(int item, const Elem* __restrict__ x_img, int y, int col0) const {
     int grp, chunk;
     place(item, grp, chunk);
     const int col = kVec * chunk;
     const Bits* src = group_row(x_img, y, col0, grp) + col;
-    if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
+    return col0 + col >= W ? reinterpret_cast<const Bits*>(x_img) : src;
+  }
+  // load() by asynchronous copies, for a caller that keeps a row in flight without registers: the thread's body items
+  // into its own 16-byte words of `stage` ([item][channel][thread], kStageBytes), then read_staged() brings them
+  // into a Row once the copies have landed (cp_async_wait_all). Only where vec16.
+  static constexpr int kStageBytes = kMine * kChannels * kThreads * 16;
+  __device__ void stage(uint32_t stage, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
+    for (int k = 0; k < kMine; ++k) {
+      if (!mine(k)) continue;
+      const Bits* src = item_source(tid + k * kThreads, x_img, y, col0);
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c, src += plane)
+        cp_async16(stage + ((k * kChannels + c) * kThreads + tid) * 16, src);
+    }
+  }
+  __device__ void read_staged(Row& row, uint32_t stage) const {
+#pragma unroll
+    for (int k = 0; k < kMine; ++k)
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c)
+        if (mine(k)) row.raw[k][c] = lds128(stage + ((k * kChannels + c) * kThreads + tid) * 16);
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
   // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
@@ -2129,7 +2167,10 @@ struct RowProducer {
   // Channel c of late item i (16 bytes), for a caller that spreads the late items' loads over kLate * kChannels
   // threads; only where the row reaches them (reaches_late) and vec16.
   __device__ uint4 load_late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
-    return load_streaming(group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane);
+    return load_streaming(late_vector(i, c, x_img, y, col0));
+  }
+  __device__ const Bits* late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
+    return group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane;
   }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);
@@ -2435,7 +2476,17 @@ struct GradWeightFedOf : GradGeometry {
   // rows back) every consumer releases only after step t - 2 (kSlots = 4, a step releases its window's oldest row).
   static constexpr int kBBytes = kCols * 16;
   static constexpr int kBOffset = (kBarrierOffset + kSlots * 16 + 16 + 127) / 128 * 128;
-  static constexpr int kSmemBytes = kBuiltB ? kBOffset + 2 * kBBytes : kBarrierOffset + kSlots * 16 + 16;
+  // kStaged (float32 x, with kBuiltB): the producer copies the next row's body and late vectors (cp.async) into a
+  // staging area while it stores the row before, so that a CTA has two rows in flight with one row's registers: its
+  // body, [item][channel][thread] (each thread reads back what it copied), then one 16-byte word a lane of warp 0.
+  // 16-bit x (half the bytes a row) ran 10-14% slower staged: it loads into registers, as without kBuiltB.
+  static constexpr bool kStaged = kBuiltB && std::is_same_v<XElem, float>;
+  static constexpr int kStageOffset = kBOffset + 2 * kBBytes;
+  static constexpr int kLateStageOffset = kStageOffset + Producer::kStageBytes;
+  static constexpr int kStageBytes = Producer::kStageBytes + 32 * 16;
+  static constexpr int kSmemBytes = kStaged    ? kStageOffset + kStageBytes
+                                    : kBuiltB ? kStageOffset
+                                              : kBarrierOffset + kSlots * 16 + 16;
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
@@ -2454,14 +2505,15 @@ struct GradWeightFedOf : GradGeometry {
   static_assert(kSlots == 4 && kChunks % 2 == 0, "kBuiltB: two B buffers; chunks in pairs");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
-// What the launcher needs (threads, shared memory, step width) is the same for every x type.
+// Threads and step width are the same for every x type; float32 x's shared memory is the most (its staging area),
+// so where its kernel fits two CTAs an SM, every x type's does.
 template <bool kBuiltB>
 using GradWeightFed = GradWeightFedOf<float, kBuiltB>;
-static_assert(GradWeightFedOf<__half, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
-                  GradWeightFedOf<__nv_bfloat16, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
-                  GradWeightFedOf<__half, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes &&
-                  GradWeightFedOf<__nv_bfloat16, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes,
-              "one launch shape for every x type");
+static_assert(GradWeightFedOf<__half, true>::kSmemBytes <= GradWeightFed<true>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, true>::kSmemBytes <= GradWeightFed<true>::kSmemBytes &&
+                  GradWeightFedOf<__half, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes,
+              "float32 x's kernel needs the most shared memory");
 
 template <class Elem, bool kBuiltB>
 __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFed<kBuiltB>::kMinBlocks)
@@ -2520,9 +2572,10 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
       // step's newest row, the step's pixel record. A row's loads are all issued before the wait for its slot: its
       // body (in registers), its late items (a channel vector a lane of warp 0, handed to the threads that store
       // them through shared memory, so that no warp waits for a load after the slot wait) and, with a step's newest
-      // row, the step's record. Loading a row ahead (two rows in registers, with setmaxnreg moving registers from the
-      // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, "Training and the
-      // saving forward").
+      // row, the step's record. With kStaged, a row further ahead: its body and late vectors copied into the staging
+      // area and its record loaded while the row before is stored. Loading a row ahead in registers (two rows, with
+      // setmaxnreg moving registers from the consumer warpgroup) and a deeper ring (6 slots) both read slower
+      // (docs/perf-notes.md, "Training and the saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
       const float up = GradScale::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
@@ -2558,13 +2611,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         }
         return f;
       };
-      const auto issue = [&](const Fetch& f, Loaded& in) {
-        if (producer.vec16) {
-          producer.load(in.row, f.x_img, f.y, f.col0);
-          if (late_lane && producer.reaches_late(f.col0))
-            in.late = producer.load_late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels, f.x_img,
-                                                f.y, f.col0);
-        }
+      const auto load_record = [&](const Fetch& f, Loaded& in) {
         if (f.record) {
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
@@ -2668,12 +2715,55 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         }
         ring.commit(row_no);
       };
-      Loaded in;
-      for (uint32_t row_no = 0;; ++row_no) {
-        const Fetch f = fetch();
-        if (!f.valid) break;
-        issue(f, in);
-        store(f, in, row_no);
+      const auto issue = [&](const Fetch& f, Loaded& in) {
+        if (producer.vec16) {
+          producer.load(in.row, f.x_img, f.y, f.col0);
+          if (late_lane && producer.reaches_late(f.col0))
+            in.late = producer.load_late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels, f.x_img,
+                                                f.y, f.col0);
+        }
+        load_record(f, in);
+      };
+      if (G::kStaged && producer.vec16) {
+        // Row f + 1's copies are issued once row f is in registers, before row f is stored: they land while the
+        // producer stores row f and waits for row f + 1's slot. Its record's loads go with them, into `next`.
+        const uint32_t stage = smem_u32(smem + G::kStageOffset);
+        const uint32_t late_at = smem_u32(smem + G::kLateStageOffset) + lane * 16;
+        const auto stage_row = [&](const Fetch& f, Loaded& into) {
+          producer.stage(stage, f.x_img, f.y, f.col0);
+          if (late_lane && producer.reaches_late(f.col0)) {
+            cp_async16(late_at, producer.late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels,
+                                                     f.x_img, f.y, f.col0));
+          }
+          cp_async_commit();
+          load_record(f, into);
+        };
+        Loaded in, next;
+        Fetch f = fetch();
+        if (f.valid) stage_row(f, in);
+        for (uint32_t row_no = 0; f.valid; ++row_no) {
+          const Fetch after = fetch();
+          cp_async_wait_all();
+          producer.read_staged(in.row, stage);
+          if (late_lane && producer.reaches_late(f.col0)) in.late = lds128(late_at);
+          if (after.valid) stage_row(after, next);
+          store(f, in, row_no);
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            in.gv[u] = next.gv[u];
+            in.mv[u] = next.mv[u];
+            in.kv[u] = next.kv[u];
+          }
+          f = after;
+        }
+      } else {
+        Loaded in;
+        for (uint32_t row_no = 0;; ++row_no) {
+          const Fetch f = fetch();
+          if (!f.valid) break;
+          issue(f, in);
+          store(f, in, row_no);
+        }
       }
     } else {
       // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).
@@ -4638,7 +4728,7 @@ template <class Elem>
 struct GradWeightPerSm {
   template <bool kBuiltB>
   static cudaError_t fed(int* per_sm) {
-    using Fed = kb25::GradWeightFed<kBuiltB>;
+    using Fed = kb25::GradWeightFedOf<Elem, kBuiltB>;
     return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>>(
         Fed::kThreads, Fed::kSmemBytes, per_sm);
   }
@@ -4678,7 +4768,7 @@ struct LaunchGradWeight {
   static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
                                 float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
                                 int64_t fed_steps, cudaStream_t stream) {
-    using F = kb25::GradWeightFed<kBuiltB>;
+    using F = kb25::GradWeightFedOf<Elem, kBuiltB>;
     constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
     const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
     if (err != cudaSuccess) return err;

@@ -132,7 +132,17 @@ struct GradWeightFedOf : GradGeometry {
   // rows back) every consumer releases only after step t - 2 (kSlots = 4, a step releases its window's oldest row).
   static constexpr int kBBytes = kCols * 16;
   static constexpr int kBOffset = (kBarrierOffset + kSlots * 16 + 16 + 127) / 128 * 128;
-  static constexpr int kSmemBytes = kBuiltB ? kBOffset + 2 * kBBytes : kBarrierOffset + kSlots * 16 + 16;
+  // kStaged (float32 x, with kBuiltB): the producer copies the next row's body and late vectors (cp.async) into a
+  // staging area while it stores the row before, so that a CTA has two rows in flight with one row's registers: its
+  // body, [item][channel][thread] (each thread reads back what it copied), then one 16-byte word a lane of warp 0.
+  // 16-bit x (half the bytes a row) ran 10-14% slower staged: it loads into registers, as without kBuiltB.
+  static constexpr bool kStaged = kBuiltB && std::is_same_v<XElem, float>;
+  static constexpr int kStageOffset = kBOffset + 2 * kBBytes;
+  static constexpr int kLateStageOffset = kStageOffset + Producer::kStageBytes;
+  static constexpr int kStageBytes = Producer::kStageBytes + 32 * 16;
+  static constexpr int kSmemBytes = kStaged    ? kStageOffset + kStageBytes
+                                    : kBuiltB ? kStageOffset
+                                              : kBarrierOffset + kSlots * 16 + 16;
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
@@ -151,14 +161,15 @@ struct GradWeightFedOf : GradGeometry {
   static_assert(kSlots == 4 && kChunks % 2 == 0, "kBuiltB: two B buffers; chunks in pairs");
   static_assert(kChunks * kChunk + kKsize - 1 <= Geometry::kPitchCols, "every tap of every chunk inside the slot");
 };
-// What the launcher needs (threads, shared memory, step width) is the same for every x type.
+// Threads and step width are the same for every x type; float32 x's shared memory is the most (its staging area),
+// so where its kernel fits two CTAs an SM, every x type's does.
 template <bool kBuiltB>
 using GradWeightFed = GradWeightFedOf<float, kBuiltB>;
-static_assert(GradWeightFedOf<__half, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
-                  GradWeightFedOf<__nv_bfloat16, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
-                  GradWeightFedOf<__half, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes &&
-                  GradWeightFedOf<__nv_bfloat16, true>::kSmemBytes == GradWeightFed<true>::kSmemBytes,
-              "one launch shape for every x type");
+static_assert(GradWeightFedOf<__half, true>::kSmemBytes <= GradWeightFed<true>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, true>::kSmemBytes <= GradWeightFed<true>::kSmemBytes &&
+                  GradWeightFedOf<__half, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes &&
+                  GradWeightFedOf<__nv_bfloat16, false>::kSmemBytes == GradWeightFed<false>::kSmemBytes,
+              "float32 x's kernel needs the most shared memory");
 
 template <class Elem, bool kBuiltB>
 __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFed<kBuiltB>::kMinBlocks)
@@ -217,9 +228,10 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
       // step's newest row, the step's pixel record. A row's loads are all issued before the wait for its slot: its
       // body (in registers), its late items (a channel vector a lane of warp 0, handed to the threads that store
       // them through shared memory, so that no warp waits for a load after the slot wait) and, with a step's newest
-      // row, the step's record. Loading a row ahead (two rows in registers, with setmaxnreg moving registers from the
-      // consumer warpgroup) and a deeper ring (6 slots) both read slower (docs/perf-notes.md, "Training and the
-      // saving forward").
+      // row, the step's record. With kStaged, a row further ahead: its body and late vectors copied into the staging
+      // area and its record loaded while the row before is stored. Loading a row ahead in registers (two rows, with
+      // setmaxnreg moving registers from the consumer warpgroup) and a deeper ring (6 slots) both read slower
+      // (docs/perf-notes.md, "Training and the saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
       const float up = GradScale::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
@@ -255,13 +267,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         }
         return f;
       };
-      const auto issue = [&](const Fetch& f, Loaded& in) {
-        if (producer.vec16) {
-          producer.load(in.row, f.x_img, f.y, f.col0);
-          if (late_lane && producer.reaches_late(f.col0))
-            in.late = producer.load_late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels, f.x_img,
-                                                f.y, f.col0);
-        }
+      const auto load_record = [&](const Fetch& f, Loaded& in) {
         if (f.record) {
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
@@ -365,12 +371,55 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         }
         ring.commit(row_no);
       };
-      Loaded in;
-      for (uint32_t row_no = 0;; ++row_no) {
-        const Fetch f = fetch();
-        if (!f.valid) break;
-        issue(f, in);
-        store(f, in, row_no);
+      const auto issue = [&](const Fetch& f, Loaded& in) {
+        if (producer.vec16) {
+          producer.load(in.row, f.x_img, f.y, f.col0);
+          if (late_lane && producer.reaches_late(f.col0))
+            in.late = producer.load_late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels, f.x_img,
+                                                f.y, f.col0);
+        }
+        load_record(f, in);
+      };
+      if (G::kStaged && producer.vec16) {
+        // Row f + 1's copies are issued once row f is in registers, before row f is stored: they land while the
+        // producer stores row f and waits for row f + 1's slot. Its record's loads go with them, into `next`.
+        const uint32_t stage = smem_u32(smem + G::kStageOffset);
+        const uint32_t late_at = smem_u32(smem + G::kLateStageOffset) + lane * 16;
+        const auto stage_row = [&](const Fetch& f, Loaded& into) {
+          producer.stage(stage, f.x_img, f.y, f.col0);
+          if (late_lane && producer.reaches_late(f.col0)) {
+            cp_async16(late_at, producer.late_vector(lane / G::Producer::kChannels, lane % G::Producer::kChannels,
+                                                     f.x_img, f.y, f.col0));
+          }
+          cp_async_commit();
+          load_record(f, into);
+        };
+        Loaded in, next;
+        Fetch f = fetch();
+        if (f.valid) stage_row(f, in);
+        for (uint32_t row_no = 0; f.valid; ++row_no) {
+          const Fetch after = fetch();
+          cp_async_wait_all();
+          producer.read_staged(in.row, stage);
+          if (late_lane && producer.reaches_late(f.col0)) in.late = lds128(late_at);
+          if (after.valid) stage_row(after, next);
+          store(f, in, row_no);
+#pragma unroll
+          for (int u = 0; u < G::kPixelsPerThread; ++u) {
+            in.gv[u] = next.gv[u];
+            in.mv[u] = next.mv[u];
+            in.kv[u] = next.kv[u];
+          }
+          f = after;
+        }
+      } else {
+        Loaded in;
+        for (uint32_t row_no = 0;; ++row_no) {
+          const Fetch f = fetch();
+          if (!f.valid) break;
+          issue(f, in);
+          store(f, in, row_no);
+        }
       }
     } else {
       // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).

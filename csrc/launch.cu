@@ -261,7 +261,7 @@ template <class Elem>
 struct GradWeightPerSm {
   template <bool kBuiltB>
   static cudaError_t fed(int* per_sm) {
-    using Fed = kb25::GradWeightFed<kBuiltB>;
+    using Fed = kb25::GradWeightFedOf<Elem, kBuiltB>;
     return resident_ctas_per_sm<kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>>(
         Fed::kThreads, Fed::kSmemBytes, per_sm);
   }
@@ -301,7 +301,7 @@ struct LaunchGradWeight {
   static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
                                 float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
                                 int64_t fed_steps, cudaStream_t stream) {
-    using F = kb25::GradWeightFed<kBuiltB>;
+    using F = kb25::GradWeightFedOf<Elem, kBuiltB>;
     constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
     const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
     if (err != cudaSuccess) return err;

@@ -74,13 +74,38 @@ struct RowProducer {
   // read the image's first chunk instead (no branch around them); those columns reach only pixels past OW, which
   // are never stored.
   __device__ void load_item(uint4 (&raw)[kChannels], int item, const Elem* __restrict__ x_img, int y, int col0) const {
+    const Bits* src = item_source(item, x_img, y, col0);
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
+  }
+  // Where item `item`'s first channel vector lies (the image's first chunk where the chunk is past the row's end).
+  __device__ const Bits* item_source(int item, const Elem* __restrict__ x_img, int y, int col0) const {
     int grp, chunk;
     place(item, grp, chunk);
     const int col = kVec * chunk;
     const Bits* src = group_row(x_img, y, col0, grp) + col;
-    if (col0 + col >= W) src = reinterpret_cast<const Bits*>(x_img);
+    return col0 + col >= W ? reinterpret_cast<const Bits*>(x_img) : src;
+  }
+  // load() by asynchronous copies, for a caller that keeps a row in flight without registers: the thread's body items
+  // into its own 16-byte words of `stage` ([item][channel][thread], kStageBytes), then read_staged() brings them
+  // into a Row once the copies have landed (cp_async_wait_all). Only where vec16.
+  static constexpr int kStageBytes = kMine * kChannels * kThreads * 16;
+  __device__ void stage(uint32_t stage, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
-    for (int c = 0; c < kChannels; ++c, src += plane) raw[c] = load_streaming(src);
+    for (int k = 0; k < kMine; ++k) {
+      if (!mine(k)) continue;
+      const Bits* src = item_source(tid + k * kThreads, x_img, y, col0);
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c, src += plane)
+        cp_async16(stage + ((k * kChannels + c) * kThreads + tid) * 16, src);
+    }
+  }
+  __device__ void read_staged(Row& row, uint32_t stage) const {
+#pragma unroll
+    for (int k = 0; k < kMine; ++k)
+#pragma unroll
+      for (int c = 0; c < kChannels; ++c)
+        if (mine(k)) row.raw[k][c] = lds128(stage + ((k * kChannels + c) * kThreads + tid) * 16);
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
   // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words
@@ -231,7 +256,10 @@ struct RowProducer {
   // Channel c of late item i (16 bytes), for a caller that spreads the late items' loads over kLate * kChannels
   // threads; only where the row reaches them (reaches_late) and vec16.
   __device__ uint4 load_late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
-    return load_streaming(group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane);
+    return load_streaming(late_vector(i, c, x_img, y, col0));
+  }
+  __device__ const Bits* late_vector(int i, int c, const Elem* __restrict__ x_img, int y, int col0) const {
+    return group_row(x_img, y, col0, i) + kVec * (kChunks - 1) + c * plane;
   }
   __device__ static bool out_of_range(uint32_t range) {
     if constexpr (kNarrows) return Precision::range_lists(range);

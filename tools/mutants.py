@@ -106,6 +106,14 @@ MUTANTS = {
         "const int64_t dim = 1;",
         ["test_eager_step_that_saves_nothing_follows_the_reference[unbatched]"],
     ),
+    # the C++ reference chain's backward takes the inner tanh's derivative twice, the outer one never
+    "reference_backward_inner_tanh_twice": (
+        "at::tanh_backward(at::tanh_backward(grad4, t2), t1);",
+        "at::tanh_backward(at::tanh_backward(grad4, t1), t1);",
+        ["test_eager_step_that_saves_nothing_follows_the_reference[float64]",
+         "test_eager_step_that_saves_nothing_follows_the_reference[unbatched]",
+         "test_training_double_backward_follows_the_reference[True]"],
+    ),
     # the carrier keeps images where the bias holds an infinity
     "carrier_keeps_an_infinite_bias": (
         "return !(isfinite(v) && scaled * __frcp_rn(scale) == v && sum == scaled);",
@@ -600,6 +608,12 @@ MUTANTS = {
         "for (int j = 0; j < G::kKsize; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});",
         "for (int j = 0; j < G::kKsize - 1; ++j) mma_sync(into[j], xa[j], b0, b1, Operand<__half>{});",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-A100")],
+    ),
+    # the fed dW's staged producer never copies the late vectors: the tile's last columns keep what the stage held
+    "grad_weight_fed_stage_skips_late_vectors": (
+        "if (late_lane && producer.reaches_late(f.col0)) {\n            cp_async16(",
+        "if (false) {\n            cp_async16(",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
     # the fed dW's odd chunks' accumulators never join the sums
     "grad_weight_fed_drops_the_odd_chunks": (

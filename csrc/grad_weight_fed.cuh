@@ -80,7 +80,7 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
 // the k of each rank, and each producer warp's set of k (a walked step reads gm's parts from global memory). gm's
 // scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
-// With kBuiltB (where two CTAs of 86 KB fit an SM: sm_90, sm_100) the producer also writes each step's B for ranks
+// With kBuiltB (where two CTAs of 86 KB fit an SM, 102 KB with float32 x's staging: sm_90, sm_100) the producer also writes each step's B for ranks
 // 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros elsewhere) into one of two buffers, and a row warp
 // reads a pair of chunks' B fragments with one ldmatrix.trans instead of building them from the record; a step with
 // more than 8 ranks builds the later batches' as without.
@@ -135,7 +135,8 @@ struct GradWeightFedOf : GradGeometry {
   // kStaged (float32 x, with kBuiltB): the producer copies the next row's body and late vectors (cp.async) into a
   // staging area while it stores the row before, so that a CTA has two rows in flight with one row's registers: its
   // body, [item][channel][thread] (each thread reads back what it copied), then one 16-byte word a lane of warp 0.
-  // 16-bit x (half the bytes a row) ran 10-14% slower staged: it loads into registers, as without kBuiltB.
+  // 16-bit x (half the bytes a row) reads slower staged (docs/perf-notes.md, "Training and the saving forward"): it
+  // loads into registers, as without kBuiltB.
   static constexpr bool kStaged = kBuiltB && std::is_same_v<XElem, float>;
   static constexpr int kStageOffset = kBOffset + 2 * kBBytes;
   static constexpr int kLateStageOffset = kStageOffset + Producer::kStageBytes;
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         unsigned char* const slot = ring.slot(row_no);
         uint32_t stored;
         if (producer.vec16) {
-          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::load_item): zeros instead,
+          // Chunks past the row's end hold the image's first chunk, re-read (RowProducer::item_source): zeros instead,
           // so that they neither meet B's zeros as an infinity nor count in the row's largest |x|.
 #pragma unroll
           for (int k = 0; k < G::Producer::kMine; ++k) {
@@ -381,8 +382,9 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         load_record(f, in);
       };
       if (G::kStaged && producer.vec16) {
-        // Row f + 1's copies are issued once row f is in registers, before row f is stored: they land while the
-        // producer stores row f and waits for row f + 1's slot. Its record's loads go with them, into `next`.
+        // The next row's copies are issued once this row is in registers, before this row is stored: they land while
+        // the producer stores this row and waits for the next one's slot. Its record's loads go with them, into
+        // `next`.
         const uint32_t stage = smem_u32(smem + G::kStageOffset);
         const uint32_t late_at = smem_u32(smem + G::kLateStageOffset) + lane * 16;
         const auto stage_row = [&](const Fetch& f, Loaded& into) {

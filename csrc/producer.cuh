@@ -87,25 +87,25 @@ struct RowProducer {
     return col0 + col >= W ? reinterpret_cast<const Bits*>(x_img) : src;
   }
   // load() by asynchronous copies, for a caller that keeps a row in flight without registers: the thread's body items
-  // into its own 16-byte words of `stage` ([item][channel][thread], kStageBytes), then read_staged() brings them
+  // into its own 16-byte words at `base` ([item][channel][thread], kStageBytes), then read_staged() brings them
   // into a Row once the copies have landed (cp_async_wait_all). Only where vec16.
   static constexpr int kStageBytes = kMine * kChannels * kThreads * 16;
-  __device__ void stage(uint32_t stage, const Elem* __restrict__ x_img, int y, int col0) const {
+  __device__ void stage(uint32_t base, const Elem* __restrict__ x_img, int y, int col0) const {
 #pragma unroll
     for (int k = 0; k < kMine; ++k) {
       if (!mine(k)) continue;
       const Bits* src = item_source(tid + k * kThreads, x_img, y, col0);
 #pragma unroll
       for (int c = 0; c < kChannels; ++c, src += plane)
-        cp_async16(stage + ((k * kChannels + c) * kThreads + tid) * 16, src);
+        cp_async16(base + ((k * kChannels + c) * kThreads + tid) * 16, src);
     }
   }
-  __device__ void read_staged(Row& row, uint32_t stage) const {
+  __device__ void read_staged(Row& row, uint32_t base) const {
 #pragma unroll
     for (int k = 0; k < kMine; ++k)
 #pragma unroll
       for (int c = 0; c < kChannels; ++c)
-        if (mine(k)) row.raw[k][c] = lds128(stage + ((k * kChannels + c) * kThreads + tid) * 16);
+        if (mine(k)) row.raw[k][c] = lds128(base + ((k * kChannels + c) * kThreads + tid) * 16);
   }
   // Into the slot layout: transpose the kChannels channel vectors, convert, write 16-byte columns. Returns `range`
   // with, where x narrows, what it stored folded in (Precision::range_fold: each narrowed word with the two input words

@@ -80,10 +80,10 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
 // the k of each rank, and each producer warp's set of k (a walked step reads gm's parts from global memory). gm's
 // scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
-// With kBuiltB (where two CTAs of 86 KB fit an SM, 102 KB with float32 x's staging: sm_90, sm_100) the producer also writes each step's B for ranks
-// 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros elsewhere) into one of two buffers, and a row warp
-// reads a pair of chunks' B fragments with one ldmatrix.trans instead of building them from the record; a step with
-// more than 8 ranks builds the later batches' as without.
+// With kBuiltB (where two CTAs fit an SM: 86 KB, 102 KB with float32 x's staging; sm_90, sm_100) the producer also
+// writes each step's B for ranks 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros elsewhere) into
+// one of two buffers, and a row warp reads a pair of chunks' B fragments with one ldmatrix.trans instead of building
+// them from the record; a step with more than 8 ranks builds the later batches' as without.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its rank: two accumulators (pixels 0-7 and 8-15 of each chunk), sum of (hi + lo * 2^-11) a rank, two MMAs
 // a chunk and batch.

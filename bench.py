@@ -263,34 +263,42 @@ def bench_modes(args, init, shape):
 def bench_portability(args, init, shape):
     """What each GPU profile (harness.DEVICE_PROFILES) runs, emulated on this GPU (model_new.emulate_device): per
     precision the fused kernel (None: cudnn_epilogue), the shared memory it asks for, its median time on the full
-    problem here, and whether its output matches the reference in that precision."""
+    problem here, and whether its output matches the reference in that precision. A precision's profiles are timed
+    in interleaved rounds (harness.time_cuda_rounds): several profiles run the same kernel, and timed one after
+    another the same kernel read up to 6% apart by its place in the run."""
     import model_new
 
-    problems, out = {}, {}
-    for name, profile in harness.DEVICE_PROFILES.items():
-        entry = {"capability": list(profile.capability), "smem_optin": profile.smem_optin, "precisions": {}}
-        for precision, spec in harness.PRECISIONS.items():
-            torch.backends.cudnn.allow_tf32 = spec.allow_tf32
-            ref, new = (m.to(spec.dtype).eval() for m in harness.make_models(args.seed, init, device="cuda"))
-            if precision not in problems:
-                x = harness.make_input(shape, seed=args.seed + 1, device="cuda").to(spec.dtype)
-                with torch.no_grad():
-                    problems[precision] = (x, ref(x))
-            x, want = problems[precision]
-            with harness.emulated(name), torch.no_grad():
-                kernel = new.fused_kernel(x)
-                ok, diff = harness.compare(new(x), want, atol=spec.tol, rtol=spec.tol)
-                times = harness.time_cuda(lambda: new(x), trials=args.trials, warmup=args.warmup)
-            entry["precisions"][precision] = {
+    out = {name: {"capability": list(profile.capability), "smem_optin": profile.smem_optin, "precisions": {}}
+           for name, profile in harness.DEVICE_PROFILES.items()}
+    for precision, spec in harness.PRECISIONS.items():
+        torch.backends.cudnn.allow_tf32 = spec.allow_tf32
+        ref, new = (m.to(spec.dtype).eval() for m in harness.make_models(args.seed, init, device="cuda"))
+        x = harness.make_input(shape, seed=args.seed + 1, device="cuda").to(spec.dtype)
+        checked, calls = {}, {}
+        with torch.no_grad():
+            want = ref(x)
+            for name in out:
+                with harness.emulated(name):
+                    checked[name] = (new.fused_kernel(x), *harness.compare(new(x), want, atol=spec.tol,
+                                                                           rtol=spec.tol))
+                calls[name] = lambda name=name: _emulated_call(name, new, x)
+            times = harness.time_cuda_rounds(calls, trials=args.trials, warmup=args.warmup)
+        for name, (kernel, ok, diff) in checked.items():
+            ms = statistics.median(times[name])
+            out[name]["precisions"][precision] = {
                 "kernel": kernel, "smem_bytes": model_new.fused_kernel_smem_bytes(kernel) if kernel else None,
-                "ms": statistics.median(times), "correct": ok, "max_abs_diff": diff}
-            log(f"[portability] {name:8s} {precision:12s} {str(kernel):16s} {statistics.median(times):.3f} ms, "
+                "ms": ms, "correct": ok, "max_abs_diff": diff}
+            log(f"[portability] {name:8s} {precision:12s} {str(kernel):16s} {ms:.3f} ms, "
                 f"max abs diff {diff:.2e}, correct {ok}")
-        out[name] = entry
+        del ref, new, x, want
+        torch.cuda.empty_cache()
     torch.backends.cudnn.allow_tf32 = True
-    del problems
-    torch.cuda.empty_cache()
     return out
+
+
+def _emulated_call(profile, model, x):
+    with harness.emulated(profile):
+        return model(x)
 
 
 TRAIN_N = 32  # the training step's batch (its float64 truth and the reference's activation fit in memory)
@@ -394,8 +402,9 @@ def time_training_forms(args, init, shape, device="cuda"):
     the reference, torch.compile(reference) (default mode: the anchor a training user would otherwise pick) and
     ModelNew, and the peak memory above the inputs for the reference and ModelNew, timed in TRAIN_FORM_PASSES' order.
     params_only: the data needs no grad and the loss is the MSE against a fixed target (a training loop's step);
-    x_and_params: x needs grad too and the output takes backward(g) (bench_training's form). A list of {"form", "n",
-    "precision", "ms", "peak_mb", "vs_reference", "vs_reference_compiled"}. (device: "cpu" only for the test of the
+    x_and_params: x needs grad too and the output takes backward(g) (bench_training's form). "ms" also holds
+    "pytorch_floor" (_time_pytorch_floor: the step's own PyTorch calls, on which a host-bound step waits). A list of
+    {"form", "n", "precision", "ms", "peak_mb", "vs_reference", "vs_reference_compiled"}. (device: "cpu" only for the test of the
     order, which stands in for the timer.)"""
     entries = {}
     for names in TRAIN_FORM_PASSES:
@@ -435,6 +444,8 @@ def time_training_forms(args, init, shape, device="cuda"):
                         # 10 trials a model: steps of 1-16 ms, and the 8 compiles keep bench.py within its 10 minutes
                         entry["ms"][name] = statistics.median(harness.time_cuda(step, trials=min(args.trials, 10),
                                                                                 warmup=args.warmup))
+                    if "model_new" in names:
+                        entry["ms"]["pytorch_floor"] = _time_pytorch_floor(form, new, target, g, args)
                     del ref, new, x
                     if "reference_compiled" in names:
                         torch._dynamo.reset()
@@ -449,9 +460,28 @@ def time_training_forms(args, init, shape, device="cuda"):
         forms.append(entry)
         log(f"[training forms] {entry['form']:12s} N={entry['n']:3d} {entry['precision']}: reference "
             f"{ms['reference']:.3f}, compiled {ms['reference_compiled']:.3f}, ModelNew {ms['model_new']:.3f} ms "
-            f"({entry['vs_reference']:.1f}x / {entry['vs_reference_compiled']:.1f}x); peak "
+            f"({entry['vs_reference']:.1f}x / {entry['vs_reference_compiled']:.1f}x; PyTorch's part alone "
+            f"{ms['pytorch_floor']:.3f}); peak "
             f"{entry['peak_mb']['reference']:.0f} / {entry['peak_mb']['model_new']:.0f} MB")
     return forms
+
+
+def _time_pytorch_floor(form, model, target, g, args):
+    """The part of a training form's step that is PyTorch's whatever the model: the step with the model's forward
+    and backward left out, a leaf standing for its output (the parameters' zero_grad, then the MSE loss and its
+    backward, or backward(g)). Its time is the host's issue of those calls; a host-bound step cannot go below it."""
+    out = torch.empty_like(target).uniform_(-1, 1).requires_grad_(True)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        out.grad = None
+        if form == "params_only":
+            torch.nn.functional.mse_loss(out, target).backward()
+        else:
+            out.backward(g)
+
+    step()
+    return statistics.median(harness.time_cuda(step, trials=min(args.trials, 10), warmup=args.warmup))
 
 
 def bench_training_kernels(args, init, shape):
@@ -475,8 +505,9 @@ def bench_training_kernels(args, init, shape):
             "grad_weight": lambda: backward(g, x, w, argmin, pre_min, *harness.BACKWARD_PARTS["grad_weight"]),
             "grad_input": lambda: backward(g, x, w, argmin, pre_min, *harness.BACKWARD_PARTS["grad_input"]),
         }
-        out_ms = {name: statistics.median(harness.time_cuda(fn, trials=args.trials, warmup=args.warmup))
-                  for name, fn in kernels.items()}
+        # interleaved: the saving forward's bar is a ratio to the inference forward's time
+        out_ms = {name: statistics.median(times) for name, times in
+                  harness.time_cuda_rounds(kernels, trials=args.trials, warmup=args.warmup).items()}
     log("[training kernels] N=128 tf32: " + ", ".join(f"{k} {v:.3f} ms" for k, v in out_ms.items()) +
         f"; saving / inference {out_ms['saving_forward'] / out_ms['inference_forward']:.2f}x")
     del x, out, argmin, pre_min, g
@@ -511,27 +542,40 @@ def bench_strict_grad_err(args, init, shape):
 def bench_autocast(args, init, shape):
     """ModelNew and the reference in float32 under torch.autocast("cuda", dtype), no grad: the output's dtype, the
     fused kernel that runs (the one for the autocast dtype that reads float32 x), the median time (the weights' cast
-    included, as autocast does it on every call) and whether the output matches the reference's there at 1e-2."""
+    included, as autocast does it on every call) and whether the output matches the reference's there at 1e-2; and
+    the native 16-bit ModelNew (model and x in dtype, x cast before the timing), timed in rounds interleaved with
+    it (harness.time_cuda_rounds), since the bar is their ratio."""
     torch.backends.cudnn.allow_tf32 = True
     ref, new = (m.eval() for m in harness.make_models(args.seed, init, device="cuda"))
     x = harness.make_input(shape, seed=args.seed + 1, device="cuda")
     out = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        with torch.autocast("cuda", dtype=dtype), torch.no_grad():
-            want, got = ref(x), new(x)
-            kernel = new.fused_kernel(x)  # the one that rounds float32 x itself, where the GPU has it
-            times = harness.time_cuda(lambda: new(x), trials=args.trials, warmup=args.warmup)
+        native, x_native = harness.make_models(args.seed, init, device="cuda")[1].to(dtype).eval(), x.to(dtype)
+        with torch.no_grad():
+            with torch.autocast("cuda", dtype=dtype):
+                want, got = ref(x), new(x)
+                kernel = new.fused_kernel(x)  # the one that rounds float32 x itself, where the GPU has it
+            times = harness.time_cuda_rounds({"autocast": lambda: _autocast_call(dtype, new, x),
+                                              "native": lambda: native(x_native)},
+                                             trials=args.trials, warmup=args.warmup)
         ok, diff = harness.compare(got.float(), want.float(), atol=harness.LOW_PRECISION_TOL,
                                    rtol=harness.LOW_PRECISION_TOL)
+        ms, native_ms = statistics.median(times["autocast"]), statistics.median(times["native"])
         out[name] = {"out_dtype": str(got.dtype), "reference_dtype": str(want.dtype),
-                     "kernel": kernel, "ms": statistics.median(times),
+                     "kernel": kernel, "ms": ms, "native_ms": native_ms, "vs_native": ms / native_ms,
                      "correct": ok and got.dtype == want.dtype, "max_abs_diff": diff}
         log(f"[autocast] {name}: {out[name]['out_dtype']} (reference {out[name]['reference_dtype']}), "
-            f"{out[name]['kernel']}, {out[name]['ms']:.3f} ms, max abs diff {diff:.2e}, correct {out[name]['correct']}")
-        del want, got
+            f"{out[name]['kernel']}, {ms:.3f} ms, native {native_ms:.3f} ms ({ms / native_ms:.2f}x), "
+            f"max abs diff {diff:.2e}, correct {out[name]['correct']}")
+        del want, got, native, x_native
     del ref, new, x
     torch.cuda.empty_cache()
     return out
+
+
+def _autocast_call(dtype, model, x):
+    with torch.autocast("cuda", dtype=dtype):
+        return model(x)
 
 
 def main():

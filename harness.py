@@ -328,6 +328,45 @@ def time_cuda(fn, trials=25, warmup=3, before=None):
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def round_order(names, trials, rounds):
+    """The order in which time_cuda_rounds times its callables: `rounds` rounds, each taking every name in turn for
+    its share of the trials (the shares differ by at most one), forward in even rounds and backward in odd ones, so
+    that each name sits as early and as late as any other on average. A list of (name, trials in a row)."""
+    names = list(names)
+    rounds = max(1, min(rounds, trials))
+    order = []
+    for r in range(rounds):
+        share = trials // rounds + (r < trials % rounds)
+        order += [(name, share) for name in (names if r % 2 == 0 else names[::-1])]
+    return order
+
+
+def time_cuda_rounds(fns, trials=25, warmup=3, rounds=5):
+    """time_cuda for several callables whose times are compared with each other ({name: fn} -> {name: per-trial
+    ms}): their trials interleaved in rounds (round_order) instead of one callable's after another's. The GPU's clock
+    drifts over a run (a row timed after a block of heavy kernels reads several percent slower than the same kernel
+    timed earlier), and interleaving gives every callable the same share of each stretch."""
+    flush = l2_flush_buffer()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    events = []
+    for name, count in round_order(fns, trials, rounds):
+        for _ in range(count):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush.fill_(1.0)
+            start.record()
+            fns[name]()
+            end.record()
+            events.append((name, start, end))
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    for name, start, end in events:
+        times[name].append(start.elapsed_time(end))
+    return times
+
+
 def summarize(times):
     return {"median": statistics.median(times), "min": min(times), "max": max(times), "trials": len(times)}
 

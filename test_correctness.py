@@ -433,6 +433,26 @@ def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
     assert bench.current_commit(str(tmp_path)) is None
 
 
+def test_interleaved_timing_gives_every_callable_the_same_places():
+    """harness.round_order, the order of time_cuda_rounds (bench.py's portability rows, training kernels and
+    autocast ratio): every callable gets its trials, each round takes every callable once, and over the rounds each
+    one's mean place in the run is the same, so a clock that drifts over the run favours none of them."""
+    names = ["a", "b", "c"]
+    for trials, rounds in ((25, 5), (20, 4), (12, 6), (10, 4), (3, 5), (1, 3)):
+        order = harness.round_order(names, trials, rounds)
+        assert {name: sum(c for n, c in order if n == name) for name in names} == dict.fromkeys(names, trials), order
+        used = min(rounds, trials)
+        for r in range(used):
+            assert sorted(n for n, _ in order[r * 3:(r + 1) * 3]) == names, order
+        # the trials' mean position (0 = first trial timed) is the same for every name when the rounds pair up
+        if used % 2 == 0 and trials % used == 0:
+            place, at = {n: 0.0 for n in names}, 0
+            for n, c in order:
+                place[n] += sum(range(at, at + c)) / trials
+                at += c
+            assert len({round(v, 9) for v in place.values()}) == 1, (trials, rounds, place)
+
+
 def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     """bench.py's training forms: the reference's and ModelNew's eager steps all come before the first torch.compile
     (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step would show), and each form
@@ -461,10 +481,10 @@ def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     args = types.SimpleNamespace(seed=0, trials=25, warmup=1)
     forms = bench.time_training_forms(args, reference.get_init_inputs(), (2, 16, 10, 12), device="cpu")
     kinds = len(bench.TRAIN_FORMS) * len(bench.TRAIN_FORM_PRECISIONS)
-    assert events == ["time"] * (2 * kinds) + ["compile", "time"] * kinds, events
+    assert events == ["time"] * (3 * kinds) + ["compile", "time"] * kinds, events  # 3: PyTorch's floor as well
     assert len(forms) == kinds
     for form in forms:
-        assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "reference_compiled": 2.0}, form
+        assert form["ms"] == {"reference": 2.0, "model_new": 2.0, "pytorch_floor": 2.0, "reference_compiled": 2.0}, form
         assert form["peak_mb"] == {"reference": 3.0, "model_new": 3.0} and form["vs_reference"] == 1.0, form
     # A child's stdout lines, or its last lines and stderr where it fails.
     assert bench.run_python("import sys; print(sys.argv[1:])", 7, "a") == ["['7', 'a']"]

@@ -404,8 +404,8 @@ def time_training_forms(args, init, shape, device="cuda"):
     params_only: the data needs no grad and the loss is the MSE against a fixed target (a training loop's step);
     x_and_params: x needs grad too and the output takes backward(g) (bench_training's form). "ms" also holds
     "pytorch_floor" (_time_pytorch_floor: the step's own PyTorch calls, on which a host-bound step waits). A list of
-    {"form", "n", "precision", "ms", "peak_mb", "vs_reference", "vs_reference_compiled"}. (device: "cpu" only for the test of the
-    order, which stands in for the timer.)"""
+    {"form", "n", "precision", "ms", "peak_mb", "vs_reference", "vs_reference_compiled"}. (device: "cpu" only for the
+    test of the order, which stands in for the timer.)"""
     entries = {}
     for names in TRAIN_FORM_PASSES:
         for precision in TRAIN_FORM_PRECISIONS:

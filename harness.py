@@ -311,21 +311,7 @@ BACKWARD_PARTS = {"grad_weight": (False, True, True), "grad_input": (True, False
 def time_cuda(fn, trials=25, warmup=3, before=None):
     """Per-trial device times in ms (CUDA events), with an L2 flush (a GPU write of a buffer twice the L2) queued
     before each trial; `before` replaces that flush with another untimed step."""
-    if before is None:
-        flush = l2_flush_buffer()
-        before = lambda: flush.fill_(1.0)  # noqa: E731
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    for start, end in zip(starts, ends):
-        before()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return time_cuda_rounds({"fn": fn}, trials=trials, warmup=warmup, rounds=1, before=before)["fn"]
 
 
 def round_order(names, trials, rounds):
@@ -341,12 +327,14 @@ def round_order(names, trials, rounds):
     return order
 
 
-def time_cuda_rounds(fns, trials=25, warmup=3, rounds=5):
+def time_cuda_rounds(fns, trials=25, warmup=3, rounds=5, before=None):
     """time_cuda for several callables whose times are compared with each other ({name: fn} -> {name: per-trial
     ms}): their trials interleaved in rounds (round_order) instead of one callable's after another's. The GPU's clock
     drifts over a run (a row timed after a block of heavy kernels reads several percent slower than the same kernel
-    timed earlier), and interleaving gives every callable the same share of each stretch."""
-    flush = l2_flush_buffer()
+    timed earlier), and interleaving gives every callable the same share of each stretch. `before` as time_cuda's."""
+    if before is None:
+        flush = l2_flush_buffer()
+        before = lambda: flush.fill_(1.0)  # noqa: E731
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -355,7 +343,7 @@ def time_cuda_rounds(fns, trials=25, warmup=3, rounds=5):
     for name, count in round_order(fns, trials, rounds):
         for _ in range(count):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush.fill_(1.0)
+            before()
             start.record()
             fns[name]()
             end.record()

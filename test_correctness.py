@@ -453,6 +453,43 @@ def test_interleaved_timing_gives_every_callable_the_same_places():
             assert len({round(v, 9) for v in place.values()}) == 1, (trials, rounds, place)
 
 
+def test_every_timed_trial_follows_its_own_flush(monkeypatch):
+    """harness.time_cuda and time_cuda_rounds (every time bench.py reports): the warm-up calls, then for each trial
+    the L2 flush (or `before`), the start event, the call, the end event, in that order; the times come back by name.
+    Run on the CPU with the GPU's events, flush and synchronize recorded instead of run."""
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = len(log)
+            log.append("start" if len([e for e in log if e in ("start", "end")]) % 2 == 0 else "end")
+
+        def elapsed_time(self, end):
+            return float(end.at - self.at)
+
+    class Flush:
+        def fill_(self, value):
+            log.append("flush")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("sync"))
+    monkeypatch.setattr(harness, "l2_flush_buffer", lambda: Flush())
+    times = harness.time_cuda(lambda: log.append("a"), trials=3, warmup=2)
+    assert log == ["a", "a", "sync"] + ["flush", "start", "a", "end"] * 3 + ["sync"], log
+    assert times == [2.0, 2.0, 2.0]
+    log.clear()
+    harness.time_cuda(lambda: log.append("a"), trials=2, warmup=0, before=lambda: log.append("other"))
+    assert log == ["sync"] + ["other", "start", "a", "end"] * 2 + ["sync"], log
+    log.clear()
+    times = harness.time_cuda_rounds({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, trials=2,
+                                     warmup=1, rounds=2)
+    assert log == ["a", "b", "sync"] + [x for n in "abba" for x in ("flush", "start", n, "end")] + ["sync"], log
+    assert times == {"a": [2.0, 2.0], "b": [2.0, 2.0]}
+
+
 def test_bench_times_every_eager_training_step_before_any_compile(monkeypatch):
     """bench.py's training forms: the reference's and ModelNew's eager steps all come before the first torch.compile
     (a compiled process issues eager calls slower, which ModelNew's host-bound N = 32 step would show), and each form

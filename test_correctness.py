@@ -878,7 +878,8 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
         assert "potential performance loss" not in report.lower(), report
 
 
-RATE_TOOLS = ["hmma_rate.cu", "wgmma_rate.cu", "rotate_rate.cu", "winograd_rate.cu", "winograd_wgmma_rate.cu"]
+RATE_TOOLS = ["hmma_rate.cu", "wgmma_rate.cu", "rotate_rate.cu", "winograd_rate.cu", "winograd_wgmma_rate.cu",
+              "winograd1d_rate.cu"]
 
 
 def _start_rate_tool(tool, priority=builds.URGENT):

@@ -1,0 +1,403 @@
+// 1-D Winograd F(2, 3) along the rows against direct convolution, for strict fp32 on fp16 parts and for the 16-bit
+// kernels (docs/perf-notes.md, Next (c)): the rate of each form's consumer step with its epilogue, two consumer
+// warpgroups a CTA, one CTA a SM, no producer (the operands stay in shared memory), fp16 operands that are small
+// random values.
+// - direct (the strict kernel's step, 128 pixels): 9 k-steps x 3 products, m64n128k16, A = the weights' hi or lo copy
+//   and B = x's hi or lo copy, both from shared memory; the big products into one accumulator, the two small ones into
+//   another (64 registers each); epilogue: big + small * 2^-11 (64 FFMA), the min over the thread's 2 channels, the
+//   3-step halving butterfly, 4 minima a lane into shared memory, a named barrier, the min over the 4 warps.
+// - winograd (128 pixels = 64 tiles of 2): 4 points x 3 kernel rows x 3 products, m64n64k16 (N = the 64 tiles, K = the
+//   16 input channels): U_hi x V_hi and U_hi x V_lo with U_hi from registers (48 a thread, held for the run), U_lo x
+//   V_hi with U_lo from shared memory; one accumulator a point (4 x 32 registers), all three products in it; epilogue:
+//   A^T M (y0 = M0 + M1 + M2, y1 = M1 - M2 - M3: 128 FADD a thread), then the same min, butterfly and barrier.
+//   `winograd, A smem` reads U_hi from shared memory too.
+// - 16-bit direct (the bf16 / fp16 kernels' step, 256 pixels): 10 k-steps (9 taps, the bias) of m64n256k16, one
+//   product, both operands from shared memory; epilogue: the same fp32 reduce for each 128-pixel half (the kernels
+//   themselves pack their minima to 16 bits first, which this does not model).
+// - 16-bit winograd (128 pixels): the winograd form with one product (U_hi x V_hi, 12 MMAs) and the same epilogue.
+// - `packed`: the 16-bit forms with the 16-bit kernels' reduce instead (reduce_packed_and_meet).
+// The `mma` rows skip the epilogue (one min and the barrier only). Each prints cycles per 128 pixels and consumer
+// (block 0) and the whole problem's time at the measured rate (8,258,048 pixels).
+//
+//     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/winograd1d_rate.cu -o winograd1d_rate
+//     ./winograd1d_rate
+#include <cstdint>
+#include <cstdio>
+#include <cuda_runtime.h>
+
+template <int N>
+struct Shape {};
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// No-swizzle K-major descriptor: k_bytes between the two 8-channel core matrices along K, mn_bytes between 8-row
+// groups.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
+  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((k_bytes >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((mn_bytes >> 4) & 0x3FFF) << 32);
+}
+template <bool kAcc>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32][4], uint64_t a, uint64_t b, Shape<256>) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+               : "l"(a), "l"(b), "n"(kAcc ? 1 : 0));
+}
+template <bool kAcc>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16][4], uint64_t a, uint64_t b, Shape<128>) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, %66, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+               : "l"(a), "l"(b), "n"(kAcc ? 1 : 0));
+}
+template <bool kAcc>
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a, uint64_t b, Shape<64>) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "l"(a), "l"(b), "n"(kAcc ? 1 : 0));
+}
+template <bool kAcc>
+__device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b, Shape<64>) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, %37, 1, 1, 0;\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAcc ? 1 : 0));
+}
+
+__device__ __forceinline__ float nan_min(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float tanh_approx(float v) {
+  asm("tanh.approx.f32 %0, %0;\n" : "+f"(v));
+  return v;
+}
+template <int kN>
+__device__ __forceinline__ void pin(float (&acc)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(acc[j][i])::"memory");
+}
+// One halving butterfly step over lane mask m: lanes with the bit set keep the upper half.
+template <int kHalf>
+__device__ __forceinline__ void fold(float* v, bool upper, int m) {
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf], keep = upper ? v[i + kHalf] : v[i];
+    v[i] = nan_min(keep, __shfl_xor_sync(0xffffffffu, send, m));
+  }
+}
+// 32 minima a thread (its 2 channels' min of 32 pixels) through the butterfly, into the step's partials; the barrier;
+// each thread's pixel's min over the 4 warps.
+__device__ __forceinline__ float reduce_and_meet(float (&v)[32], float* red, int s, int wg, int warp, int lane,
+                                                 int ctid) {
+  const int g = lane >> 2;
+  fold<16>(v, g & 1, 4);
+  fold<8>(v, (g >> 1) & 1, 8);
+  fold<4>(v, (g >> 2) & 1, 16);
+  float* const buf = red + (s & 1) * 1024;
+  *reinterpret_cast<float4*>(buf + warp * 128 + lane * 4) = make_float4(v[0], v[1], v[2], v[3]);
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  const float m = nan_min(nan_min(buf[ctid], buf[128 + ctid]), nan_min(buf[256 + ctid], buf[384 + ctid]));
+  return tanh_approx(tanh_approx(m));
+}
+
+// The 16-bit kernels' reduce: 32 minima a thread rounded to bf16, two pixels a word, one butterfly step (xor 4), 8
+// words a lane into shared memory, the barrier, then each thread the min over 4 warps of 2 words (4 pixels).
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ uint32_t min2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ float reduce_packed_and_meet(float (&v)[32], float* red, int s, int wg, int warp, int lane,
+                                                        int ctid) {
+  uint32_t w[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) w[i] = pack2(v[2 * i], v[2 * i + 1]);
+  const bool upper = (lane >> 2) & 1;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t send = upper ? w[i] : w[i + 8], keep = upper ? w[i + 8] : w[i];
+    w[i] = min2(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  }
+  uint32_t* const buf = reinterpret_cast<uint32_t*>(red) + (s & 1) * 1024;
+  *reinterpret_cast<uint4*>(buf + warp * 256 + lane * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  *reinterpret_cast<uint4*>(buf + warp * 256 + lane * 8 + 4) = make_uint4(w[4], w[5], w[6], w[7]);
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  uint2 m = *reinterpret_cast<const uint2*>(buf + ctid * 2);
+#pragma unroll
+  for (int q = 1; q < 4; ++q) {
+    const uint2 o = *reinterpret_cast<const uint2*>(buf + q * 256 + ctid * 2);
+    m.x = min2(m.x, o.x);
+    m.y = min2(m.y, o.y);
+  }
+  const uint32_t mm = min2(m.x, m.y);
+  return tanh_approx(tanh_approx(__uint_as_float(mm << 16))) +
+         tanh_approx(tanh_approx(__uint_as_float(mm & 0xFFFF0000u)));
+}
+
+enum Kind {
+  kDirectMma, kDirect, kWinoMma, kWino, kWinoSmemAMma, kWinoSmemA, kDirect16Mma, kDirect16, kWino16Mma, kWino16,
+  kDirect16Packed, kWino16Packed
+};
+constexpr int kGroups = 2;
+// Shared memory. Direct: the weights (9 k-steps x hi, lo: 36 KB), then per group 3 rows x (hi, lo) x [2 k groups]
+// [136 columns][8 channels] (4,352 B a copy). Winograd: U_lo, then U_hi (12 x 2 KB each), then per group 3 rows x 4
+// points x (hi, lo) x [2 k groups][64 tiles][8 channels] (2 KB a copy). Then each group's partials, 2 x 512 floats.
+constexpr int kDirectShared = 36 * 1024, kRowCopy = 4352, kDirectGroup = 6 * kRowCopy;
+constexpr int kWinoShared = 48 * 1024, kWinoGroup = 48 * 1024;
+constexpr int kRedBytes = 8192;
+template <Kind K>
+__host__ __device__ constexpr bool is_direct() { return K == kDirectMma || K == kDirect; }
+template <Kind K>
+__host__ __device__ constexpr bool is_direct16() { return K == kDirect16Mma || K == kDirect16 || K == kDirect16Packed; }
+template <Kind K>
+__host__ __device__ constexpr int smem_bytes() {
+  return is_direct<K>() || is_direct16<K>() ? kDirectShared + kGroups * (kDirectGroup + kRedBytes)
+                                            : kWinoShared + kGroups * (kWinoGroup + kRedBytes);
+}
+
+template <Kind K>
+__global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* cycles, int steps) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  constexpr bool kDirectForm = is_direct<K>() || is_direct16<K>();
+  constexpr bool kPacked = K == kDirect16Packed || K == kWino16Packed;
+  constexpr bool kEpilogue = K == kDirect || K == kWino || K == kWinoSmemA || K == kDirect16 || K == kWino16 || kPacked;
+  constexpr int kProducts = K == kWino16Mma || K == kWino16 || K == kWino16Packed ? 1 : 3;
+  constexpr int kShared = kDirectForm ? kDirectShared : kWinoShared;
+  constexpr int kGroupBytes = kDirectForm ? kDirectGroup : kWinoGroup;
+  for (int i = threadIdx.x; i < smem_bytes<K>() / 4; i += blockDim.x)
+    reinterpret_cast<uint32_t*>(sm)[i] = 0x1C001C00u ^ ((i * 2654435761u) & 0x007F007Fu);  // small fp16 pairs
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128, ctid = threadIdx.x % 128, warp = ctid >> 5, lane = ctid & 31;
+  const uint32_t shared = smem_u32(sm), group = shared + kShared + wg * kGroupBytes;
+  float* const red = reinterpret_cast<float*>(sm + kShared + kGroups * kGroupBytes + wg * kRedBytes);
+  float keep = 0.f;
+  const long long t0 = clock64();
+  if constexpr (is_direct16<K>()) {
+    float acc[32][4];
+    for (int s = 0; s < steps; ++s) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < 10; ++ks) {  // 9 taps and the bias's k-step
+        const int kh = ks % 9 / 3, kw = ks % 3;
+        const uint64_t w = desc(shared + ks * 2048, 1024, 128);
+        const uint64_t x = desc(group + (2 * kh) * kRowCopy + kw * 16, kRowCopy / 2, 128);
+        if (ks == 0) wgmma_ss<false>(acc, w, x, Shape<256>{}); else wgmma_ss<true>(acc, w, x, Shape<256>{});
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      pin(acc);
+      if constexpr (kEpilogue) {  // two 128-pixel halves, each as the other forms reduce a step
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float v[32];
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) v[2 * j + e] = nan_min(acc[16 * half + j][e], acc[16 * half + j][2 + e]);
+          if constexpr (kPacked) {
+            keep += reduce_packed_and_meet(v, red, 2 * s + half, wg, warp, lane, ctid);
+          } else {
+            keep += reduce_and_meet(v, red, 2 * s + half, wg, warp, lane, ctid);
+          }
+        }
+      } else {
+        keep = nan_min(keep, acc[0][0] + acc[31][3]);
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+      }
+    }
+    if constexpr (!kEpilogue) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) keep += acc[j][i];  // every MMA's result observed
+    }
+  } else if constexpr (kDirectForm) {
+    float big[16][4], small[16][4];
+    for (int s = 0; s < steps; ++s) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int ks = 0; ks < 9; ++ks) {
+        const int kh = ks / 3, kw = ks % 3;
+        const uint64_t w_hi = desc(shared + ks * 2048, 1024, 128), w_lo = desc(shared + 18432 + ks * 2048, 1024, 128);
+        const uint64_t x_hi = desc(group + (2 * kh) * kRowCopy + kw * 16, kRowCopy / 2, 128);
+        const uint64_t x_lo = desc(group + (2 * kh + 1) * kRowCopy + kw * 16, kRowCopy / 2, 128);
+        if (ks == 0) {
+          wgmma_ss<false>(big, w_hi, x_hi, Shape<128>{});
+          wgmma_ss<false>(small, w_lo, x_hi, Shape<128>{});
+        } else {
+          wgmma_ss<true>(big, w_hi, x_hi, Shape<128>{});
+          wgmma_ss<true>(small, w_lo, x_hi, Shape<128>{});
+        }
+        wgmma_ss<true>(small, w_hi, x_lo, Shape<128>{});
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      pin(big);
+      pin(small);
+      if constexpr (kEpilogue) {
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            v[2 * j + e] = nan_min(fmaf(small[j][e], 0x1p-11f, big[j][e]), fmaf(small[j][2 + e], 0x1p-11f, big[j][2 + e]));
+        keep += reduce_and_meet(v, red, s, wg, warp, lane, ctid);
+      } else {
+        keep = nan_min(keep, big[0][0] + small[15][3]);
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+      }
+    }
+    if constexpr (!kEpilogue) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) keep += big[j][i] + small[j][i];  // every MMA's result observed
+    }
+  } else {
+    constexpr bool kARegs = K == kWinoMma || K == kWino || K == kWino16Mma || K == kWino16 || K == kWino16Packed;
+    // U_hi's A fragments [point][kernel row], 4 registers each, small fp16 values.
+    uint32_t u_hi[4][3][4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+#pragma unroll
+      for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          u_hi[p][kh][e] = 0x1C001C00u ^ ((((p * 3 + kh) * 4 + e) * 40503u + ctid * 977u) & 0x007F007Fu);
+    const float bias = 0.01f * (warp + 1);
+    float acc[4][8][4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("mov.b32 %0, 0;" : "=f"(acc[p][j][i]));
+    for (int s = 0; s < steps; ++s) {
+      if constexpr (kEpilogue) {
+        // The bias: point 1's accumulators (M1 enters both outputs with +1).
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) asm volatile("mov.b32 %0, %1;" : "=f"(acc[1][j][i]) : "f"(bias));
+      }
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kh = 0; kh < 3; ++kh)
+#pragma unroll
+        for (int prod = 0; prod < kProducts; ++prod)
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            const uint32_t v_hi = group + ((kh * 4 + p) * 2) * 2048, v_lo = v_hi + 2048;
+            const uint64_t b = desc(prod == 2 ? v_lo : v_hi, 1024, 128);
+            const bool first = kEpilogue && kh == 0 && prod == 0 && p != 1;
+            if (prod == 1 || !kARegs) {
+              const uint64_t a = desc(shared + (prod == 1 ? 0 : 24576) + (p * 3 + kh) * 2048, 1024, 128);
+              if (first) wgmma_ss<false>(acc[p], a, b, Shape<64>{}); else wgmma_ss<true>(acc[p], a, b, Shape<64>{});
+            } else {
+              if (first) wgmma_rs<false>(acc[p], u_hi[p][kh], b, Shape<64>{}); else wgmma_rs<true>(acc[p], u_hi[p][kh], b, Shape<64>{});
+            }
+          }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+      for (int p = 0; p < 4; ++p) pin(acc[p]);
+      if constexpr (kEpilogue) {
+        // Element (j, i): channel g (i = 0, 1) or g + 8 (2, 3), tile 8 j + 2 t + (i & 1); its outputs 2 tile, 2 tile + 1.
+        float v[32];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float y0[2], y1[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int i = 2 * h + e;
+              y0[h] = (acc[0][j][i] + acc[1][j][i]) + acc[2][j][i];
+              y1[h] = (acc[1][j][i] - acc[2][j][i]) - acc[3][j][i];
+            }
+            v[4 * j + 2 * e] = nan_min(y0[0], y0[1]);
+            v[4 * j + 2 * e + 1] = nan_min(y1[0], y1[1]);
+          }
+        if constexpr (kPacked) {
+          keep += reduce_packed_and_meet(v, red, s, wg, warp, lane, ctid);
+        } else {
+          keep += reduce_and_meet(v, red, s, wg, warp, lane, ctid);
+        }
+      } else {
+        keep = nan_min(keep, acc[0][0][0] + acc[3][7][3]);
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+      }
+    }
+    if constexpr (!kEpilogue) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) keep += acc[p][j][i];  // every MMA's result observed
+    }
+  }
+  const long long t1 = clock64();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = keep;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+
+template <Kind K>
+void run(const char* what, int sms, float* out, long long* cycles) {
+  constexpr int kPixels = is_direct16<K>() ? 256 : 128;  // a step's
+  constexpr int kSteps = 256000 / kPixels;
+  auto kernel = rate<K>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<K>());
+  kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, 20);
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    printf("%s: %s\n", what, cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float best = 1e30f;
+  for (int trial = 0; trial < 7; ++trial) {
+    cudaEventRecord(e0);
+    kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, kSteps);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = ms < best ? ms : best;
+  }
+  long long c;
+  cudaMemcpy(&c, cycles, sizeof(c), cudaMemcpyDeviceToHost);
+  const double pixels = (double)kPixels * kSteps * kGroups;  // per SM
+  printf("%-22s %7.1f cycles per 128-pixel step and consumer (block 0), %.3f ms for the whole problem\n", what,
+         (double)c / kSteps * 128 / kPixels, best / (pixels * sms) * 8258048.0);
+}
+
+int main() {
+  int sms;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  float* out;
+  long long* cycles;
+  cudaMalloc(&out, sms * kGroups * 128 * sizeof(float));
+  cudaMalloc(&cycles, sms * sizeof(long long));
+  for (int rep = 0; rep < 2; ++rep) {
+    run<kDirectMma>("direct, mma", sms, out, cycles);
+    run<kDirect>("direct", sms, out, cycles);
+    run<kWinoMma>("winograd, mma", sms, out, cycles);
+    run<kWino>("winograd", sms, out, cycles);
+    run<kWinoSmemAMma>("winograd, A smem, mma", sms, out, cycles);
+    run<kWinoSmemA>("winograd, A smem", sms, out, cycles);
+    run<kDirect16Mma>("16-bit direct, mma", sms, out, cycles);
+    run<kDirect16>("16-bit direct", sms, out, cycles);
+    run<kWino16Mma>("16-bit winograd, mma", sms, out, cycles);
+    run<kWino16>("16-bit winograd", sms, out, cycles);
+    run<kDirect16Packed>("16-bit direct, packed", sms, out, cycles);
+    run<kWino16Packed>("16-bit winograd, packed", sms, out, cycles);
+  }
+  return 0;
+}

@@ -15,7 +15,8 @@
 //   product, both operands from shared memory; epilogue: the same fp32 reduce for each 128-pixel half (the kernels
 //   themselves pack their minima to 16 bits first, which this does not model).
 // - 16-bit winograd (128 pixels): the winograd form with one product (U_hi x V_hi, 12 MMAs) and the same epilogue.
-// - `packed`: the 16-bit forms with the 16-bit kernels' reduce instead (reduce_packed_and_meet).
+// - `packed`: the 16-bit forms with the 16-bit kernels' reduce instead (reduce_packed_and_meet); `handed`: the same,
+//   ending at the stores of the packed minima, as where other threads write the step (no barrier, no min over warps).
 // The `mma` rows skip the epilogue (one min and the barrier only). Each prints cycles per 128 pixels and consumer
 // (block 0) and the whole problem's time at the measured rate (8,258,048 pixels).
 //
@@ -111,6 +112,7 @@ __device__ __forceinline__ uint32_t min2(uint32_t a, uint32_t b) {
   asm("min.NaN.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
+template <bool kMeet = true>
 __device__ __forceinline__ float reduce_packed_and_meet(float (&v)[32], float* red, int s, int wg, int warp, int lane,
                                                         int ctid) {
   uint32_t w[16];
@@ -125,6 +127,7 @@ __device__ __forceinline__ float reduce_packed_and_meet(float (&v)[32], float* r
   uint32_t* const buf = reinterpret_cast<uint32_t*>(red) + (s & 1) * 1024;
   *reinterpret_cast<uint4*>(buf + warp * 256 + lane * 8) = make_uint4(w[0], w[1], w[2], w[3]);
   *reinterpret_cast<uint4*>(buf + warp * 256 + lane * 8 + 4) = make_uint4(w[4], w[5], w[6], w[7]);
+  if constexpr (!kMeet) return 0.f;  // the rest handed to other threads (not modelled)
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
   uint2 m = *reinterpret_cast<const uint2*>(buf + ctid * 2);
 #pragma unroll
@@ -140,7 +143,7 @@ __device__ __forceinline__ float reduce_packed_and_meet(float (&v)[32], float* r
 
 enum Kind {
   kDirectMma, kDirect, kWinoMma, kWino, kWinoSmemAMma, kWinoSmemA, kDirect16Mma, kDirect16, kWino16Mma, kWino16,
-  kDirect16Packed, kWino16Packed
+  kDirect16Packed, kWino16Packed, kDirect16Handed, kWino16Handed
 };
 constexpr int kGroups = 2;
 // Shared memory. Direct: the weights (9 k-steps x hi, lo: 36 KB), then per group 3 rows x (hi, lo) x [2 k groups]
@@ -152,7 +155,9 @@ constexpr int kRedBytes = 8192;
 template <Kind K>
 __host__ __device__ constexpr bool is_direct() { return K == kDirectMma || K == kDirect; }
 template <Kind K>
-__host__ __device__ constexpr bool is_direct16() { return K == kDirect16Mma || K == kDirect16 || K == kDirect16Packed; }
+__host__ __device__ constexpr bool is_direct16() {
+  return K == kDirect16Mma || K == kDirect16 || K == kDirect16Packed || K == kDirect16Handed;
+}
 template <Kind K>
 __host__ __device__ constexpr int smem_bytes() {
   return is_direct<K>() || is_direct16<K>() ? kDirectShared + kGroups * (kDirectGroup + kRedBytes)
@@ -163,9 +168,10 @@ template <Kind K>
 __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* cycles, int steps) {
   extern __shared__ __align__(128) unsigned char sm[];
   constexpr bool kDirectForm = is_direct<K>() || is_direct16<K>();
-  constexpr bool kPacked = K == kDirect16Packed || K == kWino16Packed;
+  constexpr bool kHanded = K == kDirect16Handed || K == kWino16Handed;
+  constexpr bool kPacked = K == kDirect16Packed || K == kWino16Packed || kHanded;
   constexpr bool kEpilogue = K == kDirect || K == kWino || K == kWinoSmemA || K == kDirect16 || K == kWino16 || kPacked;
-  constexpr int kProducts = K == kWino16Mma || K == kWino16 || K == kWino16Packed ? 1 : 3;
+  constexpr int kProducts = K == kWino16Mma || K == kWino16 || K == kWino16Packed || K == kWino16Handed ? 1 : 3;
   constexpr int kShared = kDirectForm ? kDirectShared : kWinoShared;
   constexpr int kGroupBytes = kDirectForm ? kDirectGroup : kWinoGroup;
   for (int i = threadIdx.x; i < smem_bytes<K>() / 4; i += blockDim.x)
@@ -200,7 +206,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
 #pragma unroll
             for (int e = 0; e < 2; ++e) v[2 * j + e] = nan_min(acc[16 * half + j][e], acc[16 * half + j][2 + e]);
           if constexpr (kPacked) {
-            keep += reduce_packed_and_meet(v, red, 2 * s + half, wg, warp, lane, ctid);
+            keep += reduce_packed_and_meet<!kHanded>(v, red, 2 * s + half, wg, warp, lane, ctid);
           } else {
             keep += reduce_and_meet(v, red, 2 * s + half, wg, warp, lane, ctid);
           }
@@ -259,7 +265,8 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
         for (int i = 0; i < 4; ++i) keep += big[j][i] + small[j][i];  // every MMA's result observed
     }
   } else {
-    constexpr bool kARegs = K == kWinoMma || K == kWino || K == kWino16Mma || K == kWino16 || K == kWino16Packed;
+    constexpr bool kARegs =
+        K == kWinoMma || K == kWino || K == kWino16Mma || K == kWino16 || K == kWino16Packed || K == kWino16Handed;
     // U_hi's A fragments [point][kernel row], 4 registers each, small fp16 values.
     uint32_t u_hi[4][3][4];
 #pragma unroll
@@ -324,7 +331,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
             v[4 * j + 2 * e + 1] = nan_min(y1[0], y1[1]);
           }
         if constexpr (kPacked) {
-          keep += reduce_packed_and_meet(v, red, s, wg, warp, lane, ctid);
+          keep += reduce_packed_and_meet<!kHanded>(v, red, s, wg, warp, lane, ctid);
         } else {
           keep += reduce_and_meet(v, red, s, wg, warp, lane, ctid);
         }
@@ -398,6 +405,8 @@ int main() {
     run<kWino16>("16-bit winograd", sms, out, cycles);
     run<kDirect16Packed>("16-bit direct, packed", sms, out, cycles);
     run<kWino16Packed>("16-bit winograd, packed", sms, out, cycles);
+    run<kDirect16Handed>("16-bit direct, handed", sms, out, cycles);
+    run<kWino16Handed>("16-bit winograd, handed", sms, out, cycles);
   }
   return 0;
 }

@@ -22,19 +22,12 @@
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/winograd1d_rate.cu -o winograd1d_rate
 //     ./winograd1d_rate
-#include <cstdint>
 #include <cstdio>
-#include <cuda_runtime.h>
+
+#include "winograd_step.cuh"  // smem_u32, desc, nan_min, tanh_approx, best_ms
 
 template <int N>
 struct Shape {};
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// No-swizzle K-major descriptor: k_bytes between the two 8-channel core matrices along K, mn_bytes between 8-row
-// groups.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((k_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((mn_bytes >> 4) & 0x3FFF) << 32);
-}
 template <bool kAcc>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32][4], uint64_t a, uint64_t b, Shape<256>) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, %130, 1, 1, 0, 0;\n"
@@ -60,21 +53,23 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[8][4], const uint32_t (&a)[4
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kAcc ? 1 : 0));
 }
 
-__device__ __forceinline__ float nan_min(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-__device__ __forceinline__ float tanh_approx(float v) {
-  asm("tanh.approx.f32 %0, %0;\n" : "+f"(v));
-  return v;
-}
 template <int kN>
 __device__ __forceinline__ void pin(float (&acc)[kN][4]) {
 #pragma unroll
   for (int j = 0; j < kN; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(acc[j][i])::"memory");
+}
+// The sum of every accumulator: after an `mma` row's loop, so that ptxas keeps every MMA (it drops an MMA chain whose
+// results nothing reads).
+template <int kN>
+__device__ __forceinline__ float sum_all(const float (&acc)[kN][4]) {
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kN; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum += acc[j][i];
+  return sum;
 }
 // One halving butterfly step over lane mask m: lanes with the bit set keep the upper half.
 template <int kHalf>
@@ -216,12 +211,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
       }
     }
-    if constexpr (!kEpilogue) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) keep += acc[j][i];  // every MMA's result observed
-    }
+    if constexpr (!kEpilogue) keep += sum_all(acc);
   } else if constexpr (kDirectForm) {
     float big[16][4], small[16][4];
     for (int s = 0; s < steps; ++s) {
@@ -258,12 +248,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
       }
     }
-    if constexpr (!kEpilogue) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) keep += big[j][i] + small[j][i];  // every MMA's result observed
-    }
+    if constexpr (!kEpilogue) keep += sum_all(big) + sum_all(small);
   } else {
     constexpr bool kARegs =
         K == kWinoMma || K == kWino || K == kWino16Mma || K == kWino16 || K == kWino16Packed || K == kWino16Handed;
@@ -342,11 +327,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
     }
     if constexpr (!kEpilogue) {
 #pragma unroll
-      for (int p = 0; p < 4; ++p)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) keep += acc[p][j][i];  // every MMA's result observed
+      for (int p = 0; p < 4; ++p) keep += sum_all(acc[p]);
     }
   }
   const long long t1 = clock64();
@@ -365,19 +346,7 @@ void run(const char* what, int sms, float* out, long long* cycles) {
     printf("%s: %s\n", what, cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  float best = 1e30f;
-  for (int trial = 0; trial < 7; ++trial) {
-    cudaEventRecord(e0);
-    kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, kSteps);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms;
-    cudaEventElapsedTime(&ms, e0, e1);
-    best = ms < best ? ms : best;
-  }
+  const float best = best_ms([&] { kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, kSteps); });
   long long c;
   cudaMemcpy(&c, cycles, sizeof(c), cudaMemcpyDeviceToHost);
   const double pixels = (double)kPixels * kSteps * kGroups;  // per SM

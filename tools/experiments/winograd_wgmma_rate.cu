@@ -26,12 +26,6 @@ constexpr int kConsumers = 2, kSteps = 129032;
 constexpr int kVBytes = 16 * 512, kXBytes = 8192, kPartBytes = 2 * 4 * 64 * 4;
 constexpr int kConsumerBytes = 2 * kVBytes + kXBytes + kPartBytes;
 
-// No-swizzle K-major descriptor: k_bytes between the two 8-channel core matrices along K, mn_bytes between 8-tile
-// groups.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((k_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((mn_bytes >> 4) & 0x3FFF) << 32);
-}
 template <int kScaleD>
 __device__ __forceinline__ void wgmma(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "

@@ -10,15 +10,18 @@
 //   16 input channels): U_hi x V_hi and U_hi x V_lo with U_hi from registers (48 a thread, held for the run), U_lo x
 //   V_hi with U_lo from shared memory; one accumulator a point (4 x 32 registers), all three products in it; epilogue:
 //   A^T M (y0 = M0 + M1 + M2, y1 = M1 - M2 - M3: 128 FADD a thread), then the same min, butterfly and barrier.
-//   `winograd, A smem` reads U_hi from shared memory too.
+//   `winograd, A smem` reads U_hi from shared memory too. The rate model reuses U_hi for U_hi x V_lo; a kernel with one
+//   accumulator a point needs a third copy there, U_hi * 2^-11, which fits in shared memory but not in registers (96
+//   weight registers beside 128 accumulators), so `A smem` is the form such a kernel could take.
 // - 16-bit direct (the bf16 / fp16 kernels' step, 256 pixels): 10 k-steps (9 taps, the bias) of m64n256k16, one
 //   product, both operands from shared memory; epilogue: the same fp32 reduce for each 128-pixel half (the kernels
 //   themselves pack their minima to 16 bits first, which this does not model).
 // - 16-bit winograd (128 pixels): the winograd form with one product (U_hi x V_hi, 12 MMAs) and the same epilogue.
 // - `packed`: the 16-bit forms with the 16-bit kernels' reduce instead (reduce_packed_and_meet); `handed`: the same,
 //   ending at the stores of the packed minima, as where other threads write the step (no barrier, no min over warps).
-// The `mma` rows skip the epilogue (one min and the barrier only). Each prints cycles per 128 pixels and consumer
-// (block 0) and the whole problem's time at the measured rate (8,258,048 pixels).
+// The `mma` rows skip the epilogue (one min and the barrier only). Each prints cycles per 128 pixels and consumer (of
+// warpgroup 0 of block 0 only: with an epilogue, not the kernel's time) and the whole problem's time at the measured
+// rate (8,258,048 pixels; it moves with the clock, so compare rows of one run).
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/winograd1d_rate.cu -o winograd1d_rate
 //     ./winograd1d_rate
@@ -241,7 +244,8 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
         for (int j = 0; j < 16; ++j)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            v[2 * j + e] = nan_min(fmaf(small[j][e], 0x1p-11f, big[j][e]), fmaf(small[j][2 + e], 0x1p-11f, big[j][2 + e]));
+            v[2 * j + e] = nan_min(fmaf(small[j][e], 0x1p-11f, big[j][e]),
+                                   fmaf(small[j][2 + e], 0x1p-11f, big[j][2 + e]));
         keep += reduce_and_meet(v, red, s, wg, warp, lane, ctid);
       } else {
         keep = nan_min(keep, big[0][0] + small[15][3]);
@@ -291,7 +295,11 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
               const uint64_t a = desc(shared + (prod == 1 ? 0 : 24576) + (p * 3 + kh) * 2048, 1024, 128);
               if (first) wgmma_ss<false>(acc[p], a, b, Shape<64>{}); else wgmma_ss<true>(acc[p], a, b, Shape<64>{});
             } else {
-              if (first) wgmma_rs<false>(acc[p], u_hi[p][kh], b, Shape<64>{}); else wgmma_rs<true>(acc[p], u_hi[p][kh], b, Shape<64>{});
+              if (first) {
+                wgmma_rs<false>(acc[p], u_hi[p][kh], b, Shape<64>{});
+              } else {
+                wgmma_rs<true>(acc[p], u_hi[p][kh], b, Shape<64>{});
+              }
             }
           }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -299,7 +307,8 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
 #pragma unroll
       for (int p = 0; p < 4; ++p) pin(acc[p]);
       if constexpr (kEpilogue) {
-        // Element (j, i): channel g (i = 0, 1) or g + 8 (2, 3), tile 8 j + 2 t + (i & 1); its outputs 2 tile, 2 tile + 1.
+        // Element (j, i): channel g (i = 0, 1) or g + 8 (2, 3), tile 8 j + 2 t + (i & 1); its outputs 2 tile and
+        // 2 tile + 1.
         float v[32];
 #pragma unroll
         for (int j = 0; j < 8; ++j)

@@ -139,10 +139,11 @@ __device__ __forceinline__ float reduce_packed_and_meet(float (&v)[32], float* r
          tanh_approx(tanh_approx(__uint_as_float(mm & 0xFFFF0000u)));
 }
 
-enum Kind {
-  kDirectMma, kDirect, kWinoMma, kWino, kWinoSmemAMma, kWinoSmemA, kDirect16Mma, kDirect16, kWino16Mma, kWino16,
-  kDirect16Packed, kWino16Packed, kDirect16Handed, kWino16Handed
-};
+// A timed row: its step (the strict direct one, the 16-bit direct one, or Winograd's points), what follows the MMAs
+// (nothing but a min and the barrier, the fp32 butterfly, the 16-bit packed reduce, or that reduce handed off), and
+// for Winograd its products (3: strict on fp16 parts; 1: 16-bit) and whether U_hi comes from registers.
+enum Step { kStrictDirect, kDirect16, kWinograd };
+enum Reduce { kMinOnly, kFp32Butterfly, kPackedMeet, kPackedHanded };
 constexpr int kGroups = 2;
 // Shared memory. Direct: the weights (9 k-steps x hi, lo: 36 KB), then per group 3 rows x (hi, lo) x [2 k groups]
 // [136 columns][8 channels] (4,352 B a copy). Winograd: U_lo, then U_hi (12 x 2 KB each), then per group 3 rows x 4
@@ -150,29 +151,22 @@ constexpr int kGroups = 2;
 constexpr int kDirectShared = 36 * 1024, kRowCopy = 4352, kDirectGroup = 6 * kRowCopy;
 constexpr int kWinoShared = 48 * 1024, kWinoGroup = 48 * 1024;
 constexpr int kRedBytes = 8192;
-template <Kind K>
-__host__ __device__ constexpr bool is_direct() { return K == kDirectMma || K == kDirect; }
-template <Kind K>
-__host__ __device__ constexpr bool is_direct16() {
-  return K == kDirect16Mma || K == kDirect16 || K == kDirect16Packed || K == kDirect16Handed;
-}
-template <Kind K>
+template <Step S>
 __host__ __device__ constexpr int smem_bytes() {
-  return is_direct<K>() || is_direct16<K>() ? kDirectShared + kGroups * (kDirectGroup + kRedBytes)
-                                            : kWinoShared + kGroups * (kWinoGroup + kRedBytes);
+  return S != kWinograd ? kDirectShared + kGroups * (kDirectGroup + kRedBytes)
+                        : kWinoShared + kGroups * (kWinoGroup + kRedBytes);
 }
 
-template <Kind K>
+template <Step S, Reduce R, int kProducts = 3, bool kARegs = false>
 __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* cycles, int steps) {
   extern __shared__ __align__(128) unsigned char sm[];
-  constexpr bool kDirectForm = is_direct<K>() || is_direct16<K>();
-  constexpr bool kHanded = K == kDirect16Handed || K == kWino16Handed;
-  constexpr bool kPacked = K == kDirect16Packed || K == kWino16Packed || kHanded;
-  constexpr bool kEpilogue = K == kDirect || K == kWino || K == kWinoSmemA || K == kDirect16 || K == kWino16 || kPacked;
-  constexpr int kProducts = K == kWino16Mma || K == kWino16 || K == kWino16Packed || K == kWino16Handed ? 1 : 3;
+  constexpr bool kDirectForm = S != kWinograd;
+  constexpr bool kHanded = R == kPackedHanded;
+  constexpr bool kPacked = R == kPackedMeet || R == kPackedHanded;
+  constexpr bool kEpilogue = R != kMinOnly;
   constexpr int kShared = kDirectForm ? kDirectShared : kWinoShared;
   constexpr int kGroupBytes = kDirectForm ? kDirectGroup : kWinoGroup;
-  for (int i = threadIdx.x; i < smem_bytes<K>() / 4; i += blockDim.x)
+  for (int i = threadIdx.x; i < smem_bytes<S>() / 4; i += blockDim.x)
     reinterpret_cast<uint32_t*>(sm)[i] = 0x1C001C00u ^ ((i * 2654435761u) & 0x007F007Fu);  // small fp16 pairs
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
@@ -181,7 +175,7 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
   float* const red = reinterpret_cast<float*>(sm + kShared + kGroups * kGroupBytes + wg * kRedBytes);
   float keep = 0.f;
   const long long t0 = clock64();
-  if constexpr (is_direct16<K>()) {
+  if constexpr (S == kDirect16) {
     float acc[32][4];
     for (int s = 0; s < steps; ++s) {
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -254,8 +248,6 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
     }
     if constexpr (!kEpilogue) keep += sum_all(big) + sum_all(small);
   } else {
-    constexpr bool kARegs =
-        K == kWinoMma || K == kWino || K == kWino16Mma || K == kWino16 || K == kWino16Packed || K == kWino16Handed;
     // U_hi's A fragments [point][kernel row], 4 registers each, small fp16 values.
     uint32_t u_hi[4][3][4];
 #pragma unroll
@@ -344,18 +336,18 @@ __global__ void __launch_bounds__(kGroups * 128, 1) rate(float* out, long long* 
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
-template <Kind K>
+template <Step S, Reduce R, int kProducts = 3, bool kARegs = false>
 void run(const char* what, int sms, float* out, long long* cycles) {
-  constexpr int kPixels = is_direct16<K>() ? 256 : 128;  // a step's
+  constexpr int kPixels = S == kDirect16 ? 256 : 128;  // a step's
   constexpr int kSteps = 256000 / kPixels;
-  auto kernel = rate<K>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<K>());
-  kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, 20);
+  auto kernel = rate<S, R, kProducts, kARegs>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<S>());
+  kernel<<<sms, kGroups * 128, smem_bytes<S>()>>>(out, cycles, 20);
   if (cudaDeviceSynchronize() != cudaSuccess) {
     printf("%s: %s\n", what, cudaGetErrorString(cudaGetLastError()));
     return;
   }
-  const float best = best_ms([&] { kernel<<<sms, kGroups * 128, smem_bytes<K>()>>>(out, cycles, kSteps); });
+  const float best = best_ms([&] { kernel<<<sms, kGroups * 128, smem_bytes<S>()>>>(out, cycles, kSteps); });
   long long c;
   cudaMemcpy(&c, cycles, sizeof(c), cudaMemcpyDeviceToHost);
   const double pixels = (double)kPixels * kSteps * kGroups;  // per SM
@@ -371,20 +363,20 @@ int main() {
   cudaMalloc(&out, sms * kGroups * 128 * sizeof(float));
   cudaMalloc(&cycles, sms * sizeof(long long));
   for (int rep = 0; rep < 2; ++rep) {
-    run<kDirectMma>("direct, mma", sms, out, cycles);
-    run<kDirect>("direct", sms, out, cycles);
-    run<kWinoMma>("winograd, mma", sms, out, cycles);
-    run<kWino>("winograd", sms, out, cycles);
-    run<kWinoSmemAMma>("winograd, A smem, mma", sms, out, cycles);
-    run<kWinoSmemA>("winograd, A smem", sms, out, cycles);
-    run<kDirect16Mma>("16-bit direct, mma", sms, out, cycles);
-    run<kDirect16>("16-bit direct", sms, out, cycles);
-    run<kWino16Mma>("16-bit winograd, mma", sms, out, cycles);
-    run<kWino16>("16-bit winograd", sms, out, cycles);
-    run<kDirect16Packed>("16-bit direct, packed", sms, out, cycles);
-    run<kWino16Packed>("16-bit winograd, packed", sms, out, cycles);
-    run<kDirect16Handed>("16-bit direct, handed", sms, out, cycles);
-    run<kWino16Handed>("16-bit winograd, handed", sms, out, cycles);
+    run<kStrictDirect, kMinOnly>("direct, mma", sms, out, cycles);
+    run<kStrictDirect, kFp32Butterfly>("direct", sms, out, cycles);
+    run<kWinograd, kMinOnly, 3, true>("winograd, mma", sms, out, cycles);
+    run<kWinograd, kFp32Butterfly, 3, true>("winograd", sms, out, cycles);
+    run<kWinograd, kMinOnly>("winograd, A smem, mma", sms, out, cycles);
+    run<kWinograd, kFp32Butterfly>("winograd, A smem", sms, out, cycles);
+    run<kDirect16, kMinOnly>("16-bit direct, mma", sms, out, cycles);
+    run<kDirect16, kFp32Butterfly>("16-bit direct", sms, out, cycles);
+    run<kWinograd, kMinOnly, 1, true>("16-bit winograd, mma", sms, out, cycles);
+    run<kWinograd, kFp32Butterfly, 1, true>("16-bit winograd", sms, out, cycles);
+    run<kDirect16, kPackedMeet>("16-bit direct, packed", sms, out, cycles);
+    run<kWinograd, kPackedMeet, 1, true>("16-bit winograd, packed", sms, out, cycles);
+    run<kDirect16, kPackedHanded>("16-bit direct, handed", sms, out, cycles);
+    run<kWinograd, kPackedHanded, 1, true>("16-bit winograd, handed", sms, out, cycles);
   }
   return 0;
 }

@@ -99,6 +99,14 @@ def default_output():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{tag}.json")
 
 
+def keep_other_tools(earlier, result):
+    """The run's result, plus what other tools recorded in the results file before it (tools/kernelbench_eval.py:
+    "kernelbench") where they ran at this run's commit; an earlier commit's sections would describe other code."""
+    if earlier.get("commit") is None or earlier.get("commit") != result.get("commit"):
+        return result
+    return {**earlier, **result}
+
+
 def measure_import():
     """Seconds for `import model_new` in a fresh process: into an empty extension cache, then from the cache."""
     out = {}
@@ -739,9 +747,9 @@ def main():
 
     path = args.output or default_output()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):  # keep what other tools recorded there (tools/kernelbench_eval.py: "kernelbench")
+    if os.path.exists(path):
         with open(path) as f:
-            result = {**json.load(f), **result}
+            result = keep_other_tools(json.load(f), result)
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     log(f"wrote {path}")

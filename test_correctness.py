@@ -433,6 +433,18 @@ def test_bench_names_a_commit_only_for_its_own_tree(tmp_path):
     assert bench.current_commit(str(tmp_path)) is None
 
 
+def test_bench_keeps_other_tools_sections_of_its_own_commit_only():
+    """A results file's sections from other tools (KernelBench's) stay through a new bench.py run at the same commit
+    and go at another, where they would describe code that no longer runs; without a commit nothing is kept."""
+    import bench
+
+    earlier = {"commit": "aaaaaaa", "ms": {"model_new": 1.0}, "kernelbench": {"fp32": {"correct": True}}}
+    run = {"commit": "aaaaaaa", "ms": {"model_new": 0.5}}
+    assert bench.keep_other_tools(earlier, run) == {**run, "kernelbench": {"fp32": {"correct": True}}}
+    assert bench.keep_other_tools(earlier, {**run, "commit": "bbbbbbb"}) == {**run, "commit": "bbbbbbb"}
+    assert bench.keep_other_tools({**earlier, "commit": None}, {**run, "commit": None}) == {**run, "commit": None}
+
+
 def test_interleaved_timing_gives_every_callable_the_same_places():
     """harness.round_order, the order of time_cuda_rounds (bench.py's portability rows, training kernels and
     autocast ratio): every callable gets its trials, each round takes every callable once, and over the rounds each

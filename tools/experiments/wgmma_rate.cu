@@ -9,18 +9,9 @@
 // 128-byte line.
 //
 //     nvcc -O3 -gencode=arch=compute_90a,code=sm_90a tools/experiments/wgmma_rate.cu -o wgmma_rate && ./wgmma_rate
-#include <cstdint>
 #include <cstdio>
-#include <cuda_runtime.h>
 
-template <int N>
-struct Shape {};
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// No swizzle: start address, the byte offsets between 8-row x 16-byte core matrices along K and along M/N.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((k_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((mn_bytes >> 4) & 0x3FFF) << 32);
-}
+#include "wgmma_ops.cuh"  // Shape, smem_u32, desc (its bf16 wgmma wrappers below)
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma(float (&d)[8][4], uint64_t a, uint64_t b, Shape<64>) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, %34, 1, 1, 0, 0;\n"
@@ -47,7 +38,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32][4], const uint32_t (&a)[
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-__device__ __forceinline__ float nan_min(float a, float b) {
+// volatile, unlike wgmma_ops.cuh's nan_min: the noise rows' mins stay issued whatever ptxas could prove of them.
+__device__ __forceinline__ float nan_min_kept(float a, float b) {
   float r;
   asm volatile("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
   return r;
@@ -127,7 +119,7 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
-      for (int i = 0; i < kReduce; ++i) m[i % 16] = nan_min(m[i % 16], acc[(i / 4) % (N / 8)][i % 4]);
+      for (int i = 0; i < kReduce; ++i) m[i % 16] = nan_min_kept(m[i % 16], acc[(i / 4) % (N / 8)][i % 4]);
     }
     const long long t1 = clock64();
     __syncwarp();
@@ -148,7 +140,7 @@ __global__ void __launch_bounds__((kGroups + (kNoise != kNone)) * 128, 1) rate(f
       for (int r = 0; r < 8; ++r)
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          if constexpr (kNoise == kAlu) v[i] = nan_min(v[i] * 1.0001f, v[(i + 1) % 8]);
+          if constexpr (kNoise == kAlu) v[i] = nan_min_kept(v[i] * 1.0001f, v[(i + 1) % 8]);
           if constexpr (kNoise == kShfl) v[i] = __shfl_xor_sync(0xffffffffu, v[i], 4 << (i % 3)) + 1.f;
           if constexpr (kNoise == kSharedWide) {  // independent 16-byte loads, 128 contiguous bytes a quarter-warp
             uint4 q;

@@ -1,18 +1,10 @@
 // What the Winograd rate probes share (winograd_rate.cu on mma.sync, winograd_wgmma_rate.cu on wgmma, both F(2x2, 3x3);
-// winograd1d_rate.cu): the bf16x2 input transform of a 4x4 patch, the fp32 output transform, the min and tanh, the
-// wgmma descriptor and the timing loop.
+// winograd1d_rate.cu): wgmma_ops.cuh, the bf16x2 input transform of a 4x4 patch, the fp32 output transform, tanh and
+// the timing loop.
 #pragma once
 
-#include <cstdint>
-#include <cuda_runtime.h>
+#include "wgmma_ops.cuh"
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// A no-swizzle K-major wgmma descriptor: k_bytes between the two 8-element core matrices along K, mn_bytes between
-// 8-row groups along M or N.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t k_bytes, uint32_t mn_bytes) {
-  return (uint64_t)((addr >> 4) & 0x3FFF) | ((uint64_t)((k_bytes >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((mn_bytes >> 4) & 0x3FFF) << 32);
-}
 __device__ __forceinline__ uint32_t badd(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
@@ -21,11 +13,6 @@ __device__ __forceinline__ uint32_t badd(uint32_t a, uint32_t b) {
 __device__ __forceinline__ uint32_t bsub(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ float nan_min(float a, float b) {
-  float r;
-  asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
 __device__ __forceinline__ float tanh_approx(float v) {

@@ -42,13 +42,6 @@ __device__ __forceinline__ void transform_into(const uint32_t (&d)[16], unsigned
   for (int xi = 0; xi < 16; ++xi)
     *reinterpret_cast<uint32_t*>(vbuf + xi * 512 + (pair >> 2) * 256 + tile * 16 + (pair & 3) * 4) = v[xi];
 }
-template <int kN>
-__device__ __forceinline__ void pin(float (&acc)[kN][8]) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) asm volatile("" : "+f"(acc[j][i])::"memory");
-}
 
 template <Kind kKind>
 __global__ void __launch_bounds__(kConsumers * 128, 1) winograd(float* out, int steps) {

@@ -1352,15 +1352,22 @@ struct GradInput : GradGeometry {
   // Shared memory: the weights as [tap][k][c] (fp32; a row of 16 channels is 4 chunks of 16 bytes, chunk c4 stored
   // at c4 ^ ((k >> 1) & 3), so that rows of different k spread over 8 chunk positions of the banks: the lanes of a
   // warp read rows of their own pixels' k); then per weight column (c, tap) a mask of the channels k whose weight
-  // there is not finite; then a ring of the (gm, k) of the kKsize output rows a step reads.
+  // there is not finite; then a ring of the (gm, k) of output rows, row oy in slot oy & (kRing - 1). A step reads
+  // kKsize rows and stores one; with one slot more than it reads, the store of step s + 1 lands in the slot step s - 1
+  // read last, so one barrier a step separates them.
+  static constexpr int kRing = 4;
+  static_assert(kRing > kKsize && (kRing & (kRing - 1)) == 0, "a spare slot, and a mask for the index");
   static constexpr int kWeightBytes = kTaps * kCout * kCin * 4;
   static constexpr int kMaskBytes = kEntries * 8;
-  static constexpr int kSmemBytes = kWeightBytes + kMaskBytes + kKsize * kTileCols * 8;
+  static constexpr int kSmemBytes = kWeightBytes + kMaskBytes + kRing * kTileCols * 8;
+  __device__ static int slot(int oy) { return oy & (kRing - 1); }  // oy >= -(kKsize - 1); two's complement
   __device__ static int chunk(int k, int c4) { return c4 ^ ((k >> 1) & 3); }
 };
 
+// Three CTAs an SM (80 registers a thread): two left the SM's loads and barriers less to overlap, four (64 registers)
+// made each step slower.
 template <class Elem>
-__global__ void __launch_bounds__(GradInput::kThreads, 2)
+__global__ void __launch_bounds__(GradInput::kThreads, 3)
     conv3x3_min_tanh2_grad_input_kernel(const Elem* __restrict__ g, const float* __restrict__ pre_min,
                                         const unsigned char* __restrict__ argmin, const Elem* __restrict__ w,
                                         Elem* __restrict__ dx, int H, int W, int64_t total_steps) {
@@ -1404,60 +1411,60 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
   step_range(total_steps, blockIdx.x, gridDim.x, begin, end);
   // Steps go down a column strip: step s is input row s % H of strip (s / H) % col_blocks of image s / (H *
   // col_blocks), so consecutive steps of a range share two of their three output rows. The (gm, k) of output row oy,
-  // columns q0 - (kKsize - 1) .. q0 + kCols - 1, sit in ring slot (oy + kKsize) % kKsize of `tile`: each output
-  // pixel's gm is computed once a strip, and a step brings in one new row (oy = y), loaded a step ahead.
+  // columns q0 - (kKsize - 1) .. q0 + kCols - 1, sit in ring slot G::slot(oy) of `tile`: each output pixel's gm is
+  // computed once a strip, and a step brings in one new row (oy = y), loaded two steps ahead.
   constexpr int kPerThread = (G::kTileCols + G::kThreads - 1) / G::kThreads;
-  Elem g_next[kPerThread];
-  float m_next[kPerThread];
-  int k_next[kPerThread];
-  const auto load_row = [&](int64_t n, int cb, int oy) {
+  // A row's loads, held in registers from their issue to the step that stores them: two such, a row two steps ahead.
+  struct Row {
+    Elem g[kPerThread];
+    float m[kPerThread];
+    int k[kPerThread];
+  };
+  const auto load_row = [&](Row& r, int64_t n, int cb, int oy) {
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads, ox = cb * G::kCols - (G::kKsize - 1) + at;
-      k_next[u] = G::kNoPixel;
+      r.k[u] = G::kNoPixel;
       if (at < G::kTileCols && oy >= 0 && oy < OH && ox >= 0 && ox < OW) {
         const int64_t pix = (n * OH + oy) * OW + ox;
-        g_next[u] = g[pix];
-        m_next[u] = pre_min[pix];
-        k_next[u] = argmin[pix];
+        r.g[u] = g[pix];
+        r.m[u] = pre_min[pix];
+        r.k[u] = argmin[pix];
       }
     }
   };
-  const auto store_row = [&](int oy) {
-    float2* const slot = tile + (oy + G::kKsize) % G::kKsize * G::kTileCols;
+  const auto store_row = [&](const Row& r, int oy) {
+    float2* const slot = tile + G::slot(oy) * G::kTileCols;
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads;
       if (at < G::kTileCols) {
-        const bool inside = k_next[u] != G::kNoPixel;
-        slot[at] = make_float2(inside ? min_grad(convert<float>(g_next[u]), m_next[u]) : 0.f, __int_as_float(k_next[u]));
+        const bool inside = r.k[u] != G::kNoPixel;
+        slot[at] = make_float2(inside ? min_grad(convert<float>(r.g[u]), r.m[u]) : 0.f, __int_as_float(r.k[u]));
       }
     }
   };
   int y = (int)(begin % H), cb = (int)((begin / H) % col_blocks);
   int64_t n = begin / ((int64_t)H * col_blocks);
-  for (int64_t s = begin; s < end; ++s) {
+  // Step s stores row y from one of two Rows, loaded two steps before (a strip's first step: loaded now, with its two
+  // rows above), then loads into it row y + 2 of the same strip for step s + 2. A strip's first step also loads row
+  // y + 1 into the other, which step s - 1, the last of another strip, left unloaded. (16-bit g: each row's loads a
+  // step ahead and a second barrier a step read 10% slower; float32 g, whose dX writes twice the bytes, 1%.)
+  Row row_a, row_b;
+  const auto step = [&](int64_t s, Row& mine, Row& other) {
     const int q0 = cb * G::kCols;
     if (s == begin || y == 0) {  // a strip's first step here: its three output rows
+      __syncthreads();  // over slots the last step may still be reading
       for (int i = G::kKsize - 1; i >= 0; --i) {
-        load_row(n, cb, y - i);
-        store_row(y - i);
+        load_row(mine, n, cb, y - i);
+        store_row(mine, y - i);
       }
+      if (s + 1 < end && y + 1 < H) load_row(other, n, cb, y + 1);
     } else {
-      store_row(y);
+      store_row(mine, y);
     }
     __syncthreads();
-    // The next step's new row, in flight while this step sums; at a strip's end the next step loads its own three.
-    int y1 = y + 1, cb1 = cb;
-    int64_t n1 = n;
-    if (y1 == H) {
-      y1 = 0;
-      if (++cb1 == col_blocks) {
-        cb1 = 0;
-        ++n1;
-      }
-    }
-    if (s + 1 < end && y1 != 0) load_row(n1, cb1, y1);
+    if (s + 2 < end && y + 2 < H) load_row(mine, n, cb, y + 2);
     const int q = q0 + threadIdx.x;
     if (q < W) {
       float acc[G::kCin];
@@ -1466,7 +1473,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll 3
       for (int tap = 0; tap < G::kTaps; ++tap) {
         const int i = tap / G::kKsize, j = tap % G::kKsize;
-        const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
+        const float2 v = tile[G::slot(y - i) * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
         const int k = __float_as_int(v.y);
         if (k != G::kNoPixel) {
           const float4* const row = ws + (tap * G::kCout + k) * 4;
@@ -1484,7 +1491,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll 1
         for (int tap = 0; tap < G::kTaps; ++tap) {
           const int i = tap / G::kKsize, j = tap % G::kKsize;
-          const int k = __float_as_int(tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
+          const int k = __float_as_int(tile[G::slot(y - i) * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
           const uint64_t others = k == G::kNoPixel ? 0 : ~(1ull << k);
 #pragma unroll
           for (int c = 0; c < G::kCin; ++c) {
@@ -1495,10 +1502,17 @@ __global__ void __launch_bounds__(GradInput::kThreads, 2)
 #pragma unroll
       for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
     }
-    __syncthreads();  // the next step stores its new row over the slot of row y - 2
-    y = y1;
-    cb = cb1;
-    n = n1;
+    if (++y == H) {
+      y = 0;
+      if (++cb == col_blocks) {
+        cb = 0;
+        ++n;
+      }
+    }
+  };
+  for (int64_t s = begin; s < end; s += 2) {
+    step(s, row_a, row_b);
+    if (s + 1 < end) step(s + 1, row_b, row_a);
   }
 }
 

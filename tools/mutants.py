@@ -539,8 +539,8 @@ MUTANTS = {
     ),
     # the backward: dX gathers the gradient of the mirrored neighbour (q + j instead of q - j)
     "grad_input_wrong_neighbour": (
-        "const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
-        "const float2 v = tile[(y - i + G::kKsize) % G::kKsize * G::kTileCols + threadIdx.x + j];",
+        "const float2 v = tile[G::slot(y - i) * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];",
+        "const float2 v = tile[G::slot(y - i) * G::kTileCols + threadIdx.x + j];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
          node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-T4")],
     ),

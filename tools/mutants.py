@@ -384,8 +384,8 @@ MUTANTS = {
     ),
     # after a column block's last row a consumer (and its producer) goes on in the next image, not the next block
     "next_block_skipped_for_the_next_image": (
-        "      if (++cb == col_blocks) {\n",
-        "      if (++cb <= col_blocks) {\n",
+        "      oy = 0;\n      if (++cb == col_blocks) {\n",
+        "      oy = 0;\n      if (++cb <= col_blocks) {\n",
         [node("test_edge_shapes", "kernel-sm90_bf16", "5x16x40x600"),
          node("test_edge_shapes", "kernel-sm90_tf32", "5x16x40x600")],
     ),

@@ -250,13 +250,10 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
 #pragma unroll
       for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
     }
-    if (++y == H) {
-      y = 0;
-      if (++cb == col_blocks) {
-        cb = 0;
-        ++n;
-      }
-    }
+    const StripStep next = StripStep{n, cb, y}.following(H, col_blocks);
+    y = next.row;
+    cb = next.cb;
+    n = next.n;
   };
   for (int64_t s = begin; s < end; s += 2) {
     step(s, row_a, row_b);

@@ -1,11 +1,14 @@
 """CPU checks of the sources, of what the results claim about them, and of the tools that read profiles: model_new.py
 is the bundle of csrc/ and python/, csrc/ builds on its own to the same machine code, results/<gpu>.json describes the
-kernels of this tree, and tools/ncu_hotspots.py reads Nsight Compute's source page."""
+kernels of this tree, tools/kernels_alone.py times the extension's machine code, and tools/ncu_hotspots.py reads
+Nsight Compute's source page."""
+import functools
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
+import kernels_alone  # noqa: E402
 import machine_code  # noqa: E402
 
 
@@ -66,7 +70,7 @@ def _nvcc():
     return "nvcc"
 
 
-def test_results_describe_the_machine_code_of_this_tree(tmp_path):
+def test_results_describe_the_machine_code_of_this_tree():
     """results/<gpu>.json records a digest of each kernel's SASS, from the extension its run built. nvcc here, of the
     same version, must make the same machine code of this tree's sources: csrc/launch.cu as it lies, with the flags
     of the extension's build (model_new.py is these sources, by test_bundle_is_current). A kernel change without a
@@ -79,14 +83,48 @@ def test_results_describe_the_machine_code_of_this_tree(tmp_path):
     if recorded.get("nvcc") != machine_code.nvcc_version(nvcc):
         pytest.skip(f"{results.name}'s kernels were built by nvcc {recorded.get('nvcc')}, this nvcc is "
                     f"{machine_code.nvcc_version(nvcc)}: their machine code need not match")
+    assert machine_code.differences(recorded, {"kernels": _tree_digests(recorded["arch"])}) == []
+
+
+@functools.cache
+def _tree_digests(arch):
+    """{kernel: digest} of csrc/launch.cu as it lies, built with the flags of the extension's build for `arch`."""
     module = machine_code.load_module(str(ROOT / "model_new.py"))
-    out = tmp_path / "kernels.cubin"
-    run = subprocess.run([nvcc, "-cubin", *machine_code.build_flags(module, recorded["arch"]),
-                          str(ROOT / "csrc" / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    table = machine_code.tag_table(module)
-    current = {"kernels": machine_code.digests_of_cubin(out.read_bytes(), table)}
-    assert machine_code.differences(recorded, current) == []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "kernels.cubin"
+        run = subprocess.run([_nvcc(), "-cubin", *machine_code.build_flags(module, arch),
+                              str(ROOT / "csrc" / "launch.cu"), "-o", str(out)], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return machine_code.digests_of_cubin(out.read_bytes(), machine_code.tag_table(module))
+
+
+def test_kernels_alone_times_the_extensions_machine_code(tmp_path):
+    """tools/kernels_alone.py builds model_new.py's kernels into an executable that runs them without torch. Every
+    kernel in it must be the one the extension runs: the same digest as csrc/launch.cu built with the extension's
+    flags."""
+    harness = kernels_alone.build(str(ROOT / "model_new.py"), str(tmp_path / "alone"), nvcc=_nvcc())
+    tree = _tree_digests(machine_code.DEFAULT_ARCH)
+    assert len(tree) > 50 and kernels_alone.differing_kernels(harness, tree) == []
+
+
+def test_kernels_alone_ab_takes_each_cases_median_and_compares_checksums():
+    """`kernels_alone.py ab`: a case's time is the median over rounds, B's ratio is to A, the checksums agree only
+    where every round of both wrote the same bytes; lines that are not cases (the header, a case with no kernel on
+    the profile) are skipped."""
+    def run(ms, checksum, dx_ms=0.25):
+        return kernels_alone.parse(f"# H100, profile sm_90; shape 128,256,256; 25 trials\n"
+                                   f"tf32/forward           sm90_tf32_f16              {ms:.4f} 0.2000 {checksum}\n"
+                                   f"tf32/grad_input        grad_input                 {dx_ms:.4f} 0.2400 {'1' * 16}\n"
+                                   f"autocast_bf16/forward  none on this profile\n")
+    same, other = "0123456789abcdef", "0123456789abcdee"
+    a = [run(0.30, same), run(0.32, same), run(0.31, same)]
+    b = [run(0.27, same), run(0.29, other), run(0.28, same, dx_ms=0.20)]
+    rows = kernels_alone.compare(a, b)
+    assert [r[0] for r in rows] == ["tf32/forward", "tf32/grad_input"]
+    forward, dx = rows
+    assert forward[1:5] == ("sm90_tf32_f16", "sm90_tf32_f16", pytest.approx(0.31), pytest.approx(0.28))
+    assert forward[5] == pytest.approx(0.28 / 0.31) and forward[6] is False
+    assert dx[3:] == (pytest.approx(0.25), pytest.approx(0.25), pytest.approx(1.0), True)
 
 
 TWO_KERNELS = r"""

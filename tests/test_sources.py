@@ -107,6 +107,26 @@ def test_kernels_alone_times_the_extensions_machine_code(tmp_path):
     assert len(tree) > 50 and kernels_alone.differing_kernels(harness, tree) == []
 
 
+def test_kernels_alone_ab_passes_arguments_and_fails_on_differing_checksums(tmp_path):
+    """`kernels_alone.py ab A B -- ARGS` gives ARGS to both runs, and exits 1 where the checksums differ."""
+    def fake(name, checksum):
+        exe = tmp_path / name
+        exe.write_text("#!/bin/sh\n"
+                       f'[ "$1 $2" = "--only grad_input" ] && echo "tf32/grad_input grad_input 0.25 0.24 {checksum}"\n'
+                       "exit 0\n")
+        exe.chmod(0o755)
+        return str(exe)
+
+    a, b, c = fake("a", "0" * 16), fake("b", "0" * 16), fake("c", "1" * 16)
+    tool = [sys.executable, str(ROOT / "tools" / "kernels_alone.py"), "ab"]
+    same = subprocess.run([*tool, a, b, "--rounds", "2", "--", "--only", "grad_input"], capture_output=True, text=True)
+    assert same.returncode == 0 and "tf32/grad_input" in same.stdout and "equal" in same.stdout, same.stdout
+    differ = subprocess.run([*tool, a, c, "--", "--only", "grad_input"], capture_output=True, text=True)
+    assert differ.returncode == 1 and "DIFFER" in differ.stdout, differ.stdout
+    none = subprocess.run([*tool, a, b], capture_output=True, text=True)  # no case ran: nothing compared
+    assert none.returncode == 1, none.stdout
+
+
 def test_kernels_alone_ab_takes_each_cases_median_and_compares_checksums():
     """`kernels_alone.py ab`: a case's time is the median over rounds, B's ratio is to A, the checksums agree only
     where every round of both wrote the same bytes; lines that are not cases (the header, a case with no kernel on

@@ -11,7 +11,8 @@ what the extension runs. Build where nvcc is (no GPU needed), run where the GPU 
 loading a variant as an extension first builds it on the GPU's machine.
 
 `ab` runs A and B in turn, `--rounds` times each (arguments after `--` go to both), and prints each case's median
-time over the rounds, B's ratio to A, and whether their checksums agree (every byte each kernel wrote).
+time over the rounds, B's ratio to A, and whether their checksums agree (every byte each kernel wrote); exit 1 if
+any differ or no case ran in both.
 """
 import argparse
 import glob
@@ -97,8 +98,9 @@ def main():
     a.add_argument("a")
     a.add_argument("b")
     a.add_argument("--rounds", type=int, default=3)
-    a.add_argument("args", nargs="*", help="after --: arguments for both runs")
-    args = p.parse_args()
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # after --: arguments for both runs
+    args = p.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
     if args.command == "build":
         if not re.fullmatch(r"sm_\d+a?", args.arch):
             p.error(f"--arch expects an nvcc code name such as sm_90a, got {args.arch!r}")
@@ -114,16 +116,17 @@ def main():
     runs = {args.a: [], args.b: []}
     for _ in range(args.rounds):
         for exe in (args.a, args.b):
-            run = subprocess.run([os.path.abspath(exe), *args.args], capture_output=True, text=True)
+            run = subprocess.run([os.path.abspath(exe), *extra], capture_output=True, text=True)
             if run.returncode != 0:
                 print(f"{exe} failed (rc {run.returncode}):\n{run.stderr[-2000:]}")
                 return 1
             runs[exe].append(parse(run.stdout))
     print(f"{'case':22} {'kernel':26} {'A ms':>8} {'B ms':>8} {'B/A':>6}  checksums")
-    for case, ka, kb, ta, tb, ratio, equal in compare(runs[args.a], runs[args.b]):
+    rows = compare(runs[args.a], runs[args.b])
+    for case, ka, kb, ta, tb, ratio, equal in rows:
         kernel = ka if ka == kb else f"{ka}|{kb}"
         print(f"{case:22} {kernel:26} {ta:8.4f} {tb:8.4f} {ratio:6.3f}  {'equal' if equal else 'DIFFER'}")
-    return 0
+    return 0 if rows and all(row[-1] for row in rows) else 1
 
 
 if __name__ == "__main__":

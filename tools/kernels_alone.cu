@@ -111,9 +111,17 @@ struct Options {
   kb25::DeviceProfile profile{};
 };
 
+// harness.l2_flush_buffer's size: twice the GPU's L2, and at least 256 MiB.
+size_t flush_bytes() {
+  int device = 0, l2 = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
+  return std::max<size_t>(2 * (size_t)l2, 256u << 20);
+}
+
 struct Timer {
   const Options& opt;
-  Buffer flush{256u << 20};  // at least twice the L2 of the GPUs this runs on
+  Buffer flush{flush_bytes()};
   cudaEvent_t start, stop;
   explicit Timer(const Options& o) : opt(o) {
     check(cudaEventCreate(&start), "cudaEventCreate");

@@ -105,6 +105,28 @@ def test_kernels_alone_times_the_extensions_machine_code(tmp_path):
     harness = kernels_alone.build(str(ROOT / "model_new.py"), str(tmp_path / "alone"), nvcc=_nvcc())
     tree = _tree_digests(machine_code.DEFAULT_ARCH)
     assert len(tree) > 50 and kernels_alone.differing_kernels(harness, tree) == []
+    # Its arguments (exit 2 is a refused one; past them, it needs a GPU, and with --only no-case runs nothing)
+    bad = subprocess.run([str(tmp_path / "alone"), "--params", "uniform"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--params spread, got --params" in bad.stderr, bad.stderr
+    good = subprocess.run([str(tmp_path / "alone"), "--params", "spread", "--only", "no-case", "--trials", "1"],
+                          capture_output=True, text=True)
+    assert good.returncode != 2, good.stderr
+
+
+def test_kernels_alone_builds_in_the_benchmarks_parameters():
+    """The harness's weight and bias are bench.py's (harness.make_models at its default seed, 0), bit for bit: the
+    argmins, and so the backward kernels' times, depend on them."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    import harness
+
+    ref, _ = harness.make_models(0)
+    want = torch.cat([ref.conv.weight.detach().flatten(), ref.conv.bias.detach().flatten()])
+    header = kernels_alone.params_header(kernels_alone.benchmark_params())
+    got = [int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", header)]
+    assert f"kBenchmarkParams[{want.numel()}]" in header
+    assert torch.tensor(got, dtype=torch.int64).to(torch.int32).view(torch.float32).equal(want)
 
 
 def test_kernels_alone_ab_passes_arguments_and_fails_on_differing_checksums(tmp_path):

@@ -4,13 +4,18 @@
 // extension's nvcc flags, so that the machine code it times is that file's; two builds compare kernel variants in
 // seconds of GPU time, where loading each variant as an extension builds it first.
 //
-//   kernels_alone [--trials T] [--shape N,H,W] [--only SUBSTRING] [--profile SM,SMEM_OPTIN]
+//   kernels_alone [--trials T] [--shape N,H,W] [--only SUBSTRING] [--profile SM,SMEM_OPTIN] [--params spread]
 //
 // One line a case: "<case> <kernel> <median ms> <min ms> <checksum>". The cases: for each precision, the inference
 // forward, the saving forward, dX and dW + db (the latter two from the saving forward's argmin and minima, with g
-// uniform in [0, 1)); the autocast kernels' forward. Inputs: x uniform in [0, 1) as torch.rand, weight and bias
-// uniform in +-1/12 as Conv2d's default init.
+// uniform in [0, 1)); the autocast kernels' forward. Inputs: x uniform in [0, 1) as torch.rand; the benchmark's
+// weight and bias (KB25_PARAMS, written by the build from reference.Model's seeded init), since the argmins, and so
+// the backward kernels' times, depend on them (rounded to nearest even for 16-bit cases, as .to(dtype) rounds).
+// Their argmins are 98% one channel (1.4 distinct channels a 32-pixel row segment); `--params spread` draws another
+// weight and bias uniform in +-1/12, as Conv2d's init does, whose argmins spread over 38 channels (6.6 a segment),
+// as other seeds' draws do.
 #include KB25_KERNELS_SOURCE
+#include KB25_PARAMS
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -56,6 +61,14 @@ __global__ void fill_uniform(T* p, int64_t n, uint32_t seed, float lo, float hi)
   }
 }
 
+// p[i] = the float32 with bit pattern bits[i], in T.
+template <class T>
+__global__ void fill_bits(T* p, const unsigned* bits, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    p[i] = from_float<T>(__uint_as_float(bits[i]));
+  }
+}
+
 // A checksum of n bytes: the sum of a hash of each (byte, position). Integer sums do not depend on the order in which
 // the threads add them, so the checksum is the same from run to run for the same bytes.
 __global__ void checksum_bytes(const unsigned char* p, int64_t n, unsigned long long* sum) {
@@ -89,6 +102,26 @@ void fill(const Buffer& b, int elem, uint32_t seed, float lo, float hi) {
   check(cudaGetLastError(), "fill");
 }
 
+// w and b: the benchmark's parameters (the weight's 64 x 16 x 3 x 3 values, then the bias's 64), in T.
+template <class T>
+void fill_params_as(const Buffer& w, const Buffer& b) {
+  constexpr int64_t kWeights = 64 * 16 * 9;
+  static_assert(sizeof(kBenchmarkParams) == (kWeights + 64) * sizeof(unsigned), "the weight's values, then the bias's");
+  Buffer bits(sizeof(kBenchmarkParams));
+  check(cudaMemcpy(bits.p, kBenchmarkParams, bits.bytes, cudaMemcpyHostToDevice), "the parameters");
+  fill_bits<<<64, 256>>>(w.as<T>(), bits.as<unsigned>(), kWeights);
+  fill_bits<<<1, 64>>>(b.as<T>(), bits.as<unsigned>() + kWeights, 64);
+  check(cudaDeviceSynchronize(), "fill the parameters");
+}
+
+void fill_params(const Buffer& w, const Buffer& b, int elem) {
+  switch (elem) {
+    case kb25::kElemFloat32: fill_params_as<float>(w, b); break;
+    case kb25::kElemFloat16: fill_params_as<__half>(w, b); break;
+    default: fill_params_as<__nv_bfloat16>(w, b); break;
+  }
+}
+
 unsigned long long checksum(const std::vector<const Buffer*>& buffers) {
   Buffer sum(sizeof(unsigned long long));
   unsigned long long total = 0;
@@ -107,6 +140,7 @@ struct Options {
   int64_t N = 128;
   int H = 256, W = 256;
   std::string only;
+  bool spread = false;  // --params spread: weight and bias from fill(), not the benchmark's
   bool profile_given = false;
   kb25::DeviceProfile profile{};
 };
@@ -184,8 +218,12 @@ void run_precision(const Options& opt, Timer& timer, const char* label, int prec
   const size_t xb = elem_bytes(x_elem);
   Buffer x(N * 16 * (size_t)opt.H * opt.W * xb), w(64 * 16 * 9 * xb), b(64 * xb);
   fill(x, x_elem, 1, 0.f, 1.f);
-  fill(w, x_elem, 2, -1.f / 12, 1.f / 12);
-  fill(b, x_elem, 3, -1.f / 12, 1.f / 12);
+  if (opt.spread) {
+    fill(w, x_elem, 2, -1.f / 12, 1.f / 12);
+    fill(b, x_elem, 3, -1.f / 12, 1.f / 12);
+  } else {
+    fill_params(w, b, x_elem);
+  }
   Buffer out(pixels * elem_bytes(out_elem)), argmin(pixels), pre_min(pixels * 4), guard((1 + 2 * N) * 4);
   const bool guarded = kb25::kFusedKernelGuarded[kernel];
   const auto forward = [&](bool save) {
@@ -263,10 +301,12 @@ int main(int argc, char** argv) {
       opt.only = v, ++i;
     } else if (a == "--profile" && v && std::sscanf(v, "%d,%d", &sm, &smem) == 2) {
       opt.profile_given = true, opt.profile.sm = sm, opt.profile.smem_optin = smem, ++i;
+    } else if (a == "--params" && v && std::string(v) == "spread") {
+      opt.spread = true, ++i;
     } else {
       std::fprintf(stderr,
-                   "kernels_alone: expected --trials T (T > 0), --shape N,H,W (N > 0, H and W >= 3), --only SUBSTRING "
-                   "or --profile SM,SMEM_OPTIN, got %s\n",
+                   "kernels_alone: expected --trials T (T > 0), --shape N,H,W (N > 0, H and W >= 3), --only SUBSTRING, "
+                   "--profile SM,SMEM_OPTIN or --params spread, got %s\n",
                    a.c_str());
       return 2;
     }
@@ -280,9 +320,10 @@ int main(int argc, char** argv) {
 #ifdef KB25_BUILT_FOR_SM90A
   opt.profile.wgmma_built = opt.profile.sm == 90 && real.sm == 90;
 #endif
-  std::printf("# %s, profile sm_%d with %d bytes of shared memory per block%s; shape %lld,%d,%d; %d trials\n",
+  std::printf("# %s, profile sm_%d with %d bytes of shared memory per block%s; shape %lld,%d,%d; %s parameters; "
+              "%d trials\n",
               props.name, opt.profile.sm, opt.profile.smem_optin, opt.profile.wgmma_built ? " and wgmma" : "",
-              (long long)opt.N, opt.H, opt.W, opt.trials);
+              (long long)opt.N, opt.H, opt.W, opt.spread ? "spread" : "the benchmark's", opt.trials);
   Timer timer(opt);
   run_precision(opt, timer, "tf32", kb25::kPrecisionTf32, kb25::kElemFloat32, true);
   run_precision(opt, timer, "strict", kb25::kPrecisionStrictFp32, kb25::kElemFloat32, true);

@@ -7,7 +7,9 @@ executable, run it, or compare two builds in alternating processes.
 
 `build` compiles the file's CUDA source with the extension's nvcc flags (tools/machine_code.py's) and checks that
 each of the file's kernels has the same machine code in the executable as in the extension's build: what it times is
-what the extension runs. Build where nvcc is (no GPU needed), run where the GPU is: a run takes seconds, where
+what the extension runs. It compiles in the benchmark's weight and bias (reference.Model after torch.manual_seed(0),
+as bench.py builds it): the argmins, and so the backward kernels' times, depend on them; `-- --params spread`
+runs on another draw. Build where nvcc is (no GPU needed), run where the GPU is: a run takes seconds, where
 loading a variant as an extension first builds it on the GPU's machine.
 
 `ab` runs A and B in turn, `--rounds` times each (arguments after `--` go to both), and prints each case's median
@@ -16,6 +18,7 @@ any differ or no case ran in both.
 """
 import argparse
 import glob
+import struct
 import os
 import re
 import statistics
@@ -27,8 +30,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import machine_code  # noqa: E402
 
+ROOT = os.path.dirname(HERE)
 HARNESS = os.path.join(HERE, "kernels_alone.cu")
 LINE = re.compile(r"^(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([0-9a-f]{16})$")
+
+
+def benchmark_params(seed=0):
+    """The weight (in Conv2d's order) and then the bias of reference.Model after torch.manual_seed(seed), as float32
+    bit patterns: bench.py's parameters (harness.make_models)."""
+    import torch
+
+    sys.path.insert(0, ROOT)
+    import reference
+
+    torch.manual_seed(seed)
+    model = reference.Model(*reference.get_init_inputs())
+    values = torch.cat([model.conv.weight.detach().flatten(), model.conv.bias.detach().flatten()])
+    return list(struct.unpack(f"<{values.numel()}I", values.to(torch.float32).numpy().tobytes()))
+
+
+def params_header(bits):
+    """The harness's include of the parameters: kBenchmarkParams, float32 bit patterns."""
+    rows = [", ".join(f"0x{v:08x}u" for v in bits[i:i + 8]) for i in range(0, len(bits), 8)]
+    return ("// reference.Model's weight and bias after torch.manual_seed(0), float32 bit patterns.\n"
+            f"constexpr unsigned kBenchmarkParams[{len(bits)}] = {{\n    " + ",\n    ".join(rows) + "};\n")
 
 
 def build(source, out, arch=machine_code.DEFAULT_ARCH, nvcc="nvcc"):
@@ -43,7 +68,11 @@ def build(source, out, arch=machine_code.DEFAULT_ARCH, nvcc="nvcc"):
         kernels = os.path.join(tmp, "kernels.cuh")
         with open(kernels, "w") as f:
             f.write(module.cuda_source())
-        run = subprocess.run([nvcc, *flags, f'-DKB25_KERNELS_SOURCE="{kernels}"', "-keep", "-keep-dir", tmp,
+        params = os.path.join(tmp, "params.h")
+        with open(params, "w") as f:
+            f.write(params_header(benchmark_params()))
+        run = subprocess.run([nvcc, *flags, f'-DKB25_KERNELS_SOURCE="{kernels}"', f'-DKB25_PARAMS="{params}"',
+                              "-keep", "-keep-dir", tmp,
                               HARNESS, "-o", out], capture_output=True, text=True)
         if run.returncode != 0:
             raise RuntimeError(f"nvcc failed on the harness with {source}'s kernels:\n{run.stderr[-4000:]}")

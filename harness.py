@@ -94,13 +94,18 @@ def case_model(case, seed=0):
     return ref, fn
 
 
+def make_reference(seed=0, init_inputs=None, device="cpu"):
+    """Model built after `seed`, as KernelBench builds it (the parameters are drawn on the CPU, then moved)."""
+    torch.manual_seed(seed)
+    return reference.Model(*(init_inputs or reference.get_init_inputs())).to(device)
+
+
 def make_models(seed=0, init_inputs=None, device="cpu", **new_kwargs):
     """Model and ModelNew built after the same seed, as KernelBench builds them."""
     import model_new
 
     init_inputs = list(init_inputs or reference.get_init_inputs())
-    torch.manual_seed(seed)
-    ref = reference.Model(*init_inputs).to(device)
+    ref = make_reference(seed, init_inputs, device)
     torch.manual_seed(seed)
     new = model_new.ModelNew(*init_inputs, **new_kwargs).to(device)
     return ref, new

@@ -189,17 +189,12 @@ bool wanted(const Options& opt, const std::string& name) {
   return opt.only.empty() || name.find(opt.only) != std::string::npos;
 }
 
-// The op's launcher on the default stream.
-cudaError_t launch_fused(int k, const void* x, const void* w, const void* b, void* out, void* argmin, float* pre_min,
-                         int* guard, int64_t N, int H, int W, int sms) {
-  return launch_fused_conv3x3_min_tanh2(k, x, w, b, out, argmin, pre_min, guard, N, H, W, sms, 0);
-}
-
 // One precision's forward kernels (inference and saving) and, where `train`, its backward kernels.
 void run_precision(const Options& opt, Timer& timer, const char* label, int precision, int x_elem, bool train) {
   const std::string base = label;
   const bool want_forward = wanted(opt, base + "/forward"), want_saving = train && wanted(opt, base + "/saving");
-  const bool want_dx = train && wanted(opt, base + "/grad_input"), want_dw = train && wanted(opt, base + "/grad_weight");
+  const bool want_dx = train && wanted(opt, base + "/grad_input");
+  const bool want_dw = train && wanted(opt, base + "/grad_weight");
   if (!(want_forward || want_saving || want_dx || want_dw)) return;
   int sms = 0, device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
@@ -229,9 +224,9 @@ void run_precision(const Options& opt, Timer& timer, const char* label, int prec
   const auto forward = [&](bool save) {
     if (guarded) check(cudaMemsetAsync(guard.p, 0, guard.bytes), "guard memset");
     const auto launch = [&](int k) {
-      check(launch_fused(k, x.p, w.p, b.p, out.p, save ? argmin.p : nullptr,
-                              save ? pre_min.as<float>() : nullptr, guarded ? guard.as<int>() : nullptr, N, opt.H,
-                              opt.W, sms),
+      check(launch_fused_conv3x3_min_tanh2(k, x.p, w.p, b.p, out.p, save ? argmin.p : nullptr,
+                                           save ? pre_min.as<float>() : nullptr, guarded ? guard.as<int>() : nullptr,
+                                           N, opt.H, opt.W, sms, 0),
             "the fused kernel");
     };
     launch(kernel);

@@ -7,10 +7,10 @@ executable, run it, or compare two builds in alternating processes.
 
 `build` compiles the file's CUDA source with the extension's nvcc flags (tools/machine_code.py's) and checks that
 each of the file's kernels has the same machine code in the executable as in the extension's build: what it times is
-what the extension runs. It compiles in the benchmark's weight and bias (reference.Model after torch.manual_seed(0),
-as bench.py builds it): the argmins, and so the backward kernels' times, depend on them; `-- --params spread`
-runs on another draw. Build where nvcc is (no GPU needed), run where the GPU is: a run takes seconds, where
-loading a variant as an extension first builds it on the GPU's machine.
+what the extension runs. It compiles in bench.py's weight and bias (harness.make_reference): the argmins, and so the
+backward kernels' times, depend on them; `-- --params spread` runs on another draw. Build where nvcc is (no GPU
+needed), run where the GPU is: a run takes seconds, where loading a variant as an extension first builds it on the
+GPU's machine.
 
 `ab` runs A and B in turn, `--rounds` times each (arguments after `--` go to both), and prints each case's median
 time over the rounds, B's ratio to A, and whether their checksums agree (every byte each kernel wrote); exit 1 if
@@ -18,10 +18,10 @@ any differ or no case ran in both.
 """
 import argparse
 import glob
-import struct
 import os
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,24 +35,23 @@ HARNESS = os.path.join(HERE, "kernels_alone.cu")
 LINE = re.compile(r"^(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([0-9a-f]{16})$")
 
 
-def benchmark_params(seed=0):
-    """The weight (in Conv2d's order) and then the bias of reference.Model after torch.manual_seed(seed), as float32
-    bit patterns: bench.py's parameters (harness.make_models)."""
+def benchmark_params():
+    """The weight (in Conv2d's order) and then the bias of bench.py's model (harness.make_reference at bench.py's
+    default seed, 0), as float32 bit patterns."""
     import torch
 
     sys.path.insert(0, ROOT)
-    import reference
+    import harness
 
-    torch.manual_seed(seed)
-    model = reference.Model(*reference.get_init_inputs())
-    values = torch.cat([model.conv.weight.detach().flatten(), model.conv.bias.detach().flatten()])
-    return list(struct.unpack(f"<{values.numel()}I", values.to(torch.float32).numpy().tobytes()))
+    conv = harness.make_reference(0).conv
+    values = torch.cat([conv.weight.detach().flatten(), conv.bias.detach().flatten()])
+    return list(struct.unpack(f"<{values.numel()}I", values.numpy().tobytes()))
 
 
 def params_header(bits):
     """The harness's include of the parameters: kBenchmarkParams, float32 bit patterns."""
     rows = [", ".join(f"0x{v:08x}u" for v in bits[i:i + 8]) for i in range(0, len(bits), 8)]
-    return ("// reference.Model's weight and bias after torch.manual_seed(0), float32 bit patterns.\n"
+    return ("// bench.py's weight and bias (tools/kernels_alone.py's benchmark_params), float32 bit patterns.\n"
             f"constexpr unsigned kBenchmarkParams[{len(bits)}] = {{\n    " + ",\n    ".join(rows) + "};\n")
 
 
@@ -120,7 +119,7 @@ def main():
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile a model_new.py's kernels with the harness")
     b.add_argument("-o", "--out", required=True)
-    b.add_argument("--source", default=os.path.join(os.path.dirname(HERE), "model_new.py"))
+    b.add_argument("--source", default=os.path.join(ROOT, "model_new.py"))
     b.add_argument("--arch", default=machine_code.DEFAULT_ARCH)
     b.add_argument("--nvcc", default="nvcc")
     a = sub.add_parser("ab", help="run two builds in turn and compare them")

@@ -630,6 +630,22 @@ def test_timeline_stamps_the_current_source():
     assert proc.returncode == 2 and f"expected a wgmma kernel ({wgmma}), got 'sm80_bf16'" in proc.stderr, proc.stderr
 
 
+def test_argmin_ties_probe_takes_torch_mins_channel():
+    """tools/experiments/argmin_ties.py (design.md quotes it) stands in for a 16-bit reference's torch.min by the
+    first channel of the smallest rounded value: on bf16 and fp16 values full of ties, its channel is torch.min's
+    own, where a scan that lets a later channel of an equal value take over is not."""
+    sys.path.insert(0, os.path.join(HERE, "tools", "experiments"))
+    import argmin_ties
+
+    gen = torch.Generator().manual_seed(71)
+    for dtype in argmin_ties.DTYPES.values():
+        y = (torch.randint(-3, 3, (2, 64, 5, 7), generator=gen) / 4).to(dtype)  # 6 values over 64 channels
+        want = y.min(dim=1).indices
+        assert torch.equal(argmin_ties.first_min_channel(y), want), dtype
+        last = 63 - y.flip(1).argmin(dim=1)  # the last of the tied channels
+        assert not torch.equal(last, want), dtype
+
+
 @pytest.mark.parametrize("args, exc, pattern", [
     (((8,), 1024), TypeError, r"capability=\(major, minor\) as two ints, got \(8,\)"),
     (((8, 6.0), 1024), TypeError, r"as two ints, got \(8, 6\.0\)"),

@@ -630,20 +630,17 @@ def test_timeline_stamps_the_current_source():
     assert proc.returncode == 2 and f"expected a wgmma kernel ({wgmma}), got 'sm80_bf16'" in proc.stderr, proc.stderr
 
 
-def test_argmin_ties_probe_takes_torch_mins_channel():
-    """tools/experiments/argmin_ties.py (design.md quotes it) stands in for a 16-bit reference's torch.min by the
-    first channel of the smallest rounded value: on bf16 and fp16 values full of ties, its channel is torch.min's
-    own, where a scan that lets a later channel of an equal value take over is not."""
+def test_argmin_ties_probe_gives_design_mds_shares():
+    """tools/experiments/argmin_ties.py, whose shares design.md quotes (the pixels where a 16-bit reference's torch.min
+    routes the gradient elsewhere than float64's argmin, which the saving forward follows), gives them again on one
+    image: bf16 0.04% with the benchmark's weights and 0.8-0.9% with seed 1's, fp16 0.005% and 0.1%."""
     sys.path.insert(0, os.path.join(HERE, "tools", "experiments"))
     import argmin_ties
 
-    gen = torch.Generator().manual_seed(71)
-    for dtype in argmin_ties.DTYPES.values():
-        y = (torch.randint(-3, 3, (2, 64, 5, 7), generator=gen) / 4).to(dtype)  # 6 values over 64 channels
-        want = y.min(dim=1).indices
-        assert torch.equal(argmin_ties.first_min_channel(y), want), dtype
-        last = 63 - y.flip(1).argmin(dim=1)  # the last of the tied channels
-        assert not torch.equal(last, want), dtype
+    share = {(name, seed): argmin_ties.differing_fraction(seed, 4, 1, dtype)
+             for name, dtype in argmin_ties.DTYPES.items() for seed in (0, 1)}
+    assert 2e-4 < share["bf16", 0] < 1e-3 and 6e-3 < share["bf16", 1] < 1.1e-2, share
+    assert 2e-5 < share["fp16", 0] < 1e-4 and 6e-4 < share["fp16", 1] < 1.5e-3, share
 
 
 @pytest.mark.parametrize("args, exc, pattern", [

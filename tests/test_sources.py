@@ -113,15 +113,18 @@ def test_kernels_alone_times_the_extensions_machine_code(tmp_path):
     assert good.returncode != 2, good.stderr
 
 
-def test_kernels_alone_builds_in_the_benchmarks_parameters():
-    """The harness's weight and bias are bench.py's (harness.make_models at its default seed, 0), bit for bit: the
+def test_kernels_alone_builds_in_the_benchmarks_parameters(monkeypatch):
+    """The harness's weight and bias are bench.py's (harness.make_models at bench.py's default seed), bit for bit: the
     argmins, and so the backward kernels' times, depend on them."""
     import torch
 
     sys.path.insert(0, str(ROOT))
+    import bench
     import harness
 
-    ref, _ = harness.make_models(0)
+    monkeypatch.setattr(sys, "argv", ["bench.py"])
+    assert bench.parse_args().seed == bench.SEED
+    ref, _ = harness.make_models(bench.SEED)
     want = torch.cat([ref.conv.weight.detach().flatten(), ref.conv.bias.detach().flatten()])
     header = kernels_alone.params_header(kernels_alone.benchmark_params())
     got = [int(v, 16) for v in re.findall(r"0x([0-9a-f]{8})u", header)]

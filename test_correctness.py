@@ -2505,6 +2505,27 @@ def test_training_nan_and_inf_get_the_reference_gradients(profile, shape, precis
         assert dx.isnan().any() and (dw.isnan().any() or poison_weight)
 
 
+@needs_cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_grad_input_tap_outside_the_output_adds_nothing(precision, forward_mode, tf32_default):
+    """A tap outside the output adds nothing to dX, even where its weight is infinite in every channel. With
+    W[:, 3, 1, 1] = inf every pixel's channels are +inf (x > 0), so gm = 0, and the reference's dX of channel 3 is
+    NaN (0 * inf) exactly on the cells that tap (1, 1) reaches: all but the border, which stays 0. dX reads a row of
+    zeros for a tap outside the output; a channel's row there would make the border NaN."""
+    new, x, g, _ = _train_setup("H100", precision, (2, 16, 20, 30), seed=71)
+    with torch.no_grad():
+        new.conv.weight[:, 3, 1, 1] = float("inf")
+    _, dx, _, _ = _grads(new, x, g)
+    w = new.conv.weight.detach()
+    _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, new.conv.bias.detach(), AUTO)
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)[0]
+    assert torch.equal(dx.isnan(), want.isnan())
+    interior = torch.zeros_like(dx[:, 3], dtype=torch.bool)
+    interior[:, 1:-1, 1:-1] = True
+    assert torch.equal(dx[:, 3].isnan(), interior), "channel 3: NaN inside, finite on the border"
+    assert torch.equal(dx[:, 3][~interior], torch.zeros_like(dx[:, 3][~interior]))
+
+
 def _ranges_cross_strips(images, out_rows, col_blocks, ctas, after):
     """Whether some CTA's range of backward steps (step_range over (image, column strip, output row)) holds the last
     step of one column strip and the first `after` steps of the next."""

@@ -67,7 +67,6 @@ struct GradGeometry {
   static constexpr int kCin = KB25_FUSED_CIN, kCout = KB25_FUSED_COUT, kKsize = KB25_FUSED_KSIZE;
   static constexpr int kTaps = kKsize * kKsize;
   static constexpr int kEntries = kCin * kTaps;  // a weight row: (c, i, j), in the weight's order
-  static constexpr int kNoPixel = 255;           // a tap that falls outside the output
 };
 
 // A backward CTA's step: row `row` of column strip cb of image n, rows fastest, so that consecutive steps go down a
@@ -99,13 +98,15 @@ struct GradInput : GradGeometry {
   static constexpr int kTileCols = kCols + kKsize - 1;
   // Shared memory: the weights as [tap][k][c] (fp32; a row of 16 channels is 4 chunks of 16 bytes, chunk c4 stored
   // at c4 ^ ((k >> 1) & 3), so that rows of different k spread over 8 chunk positions of the banks: the lanes of a
-  // warp read rows of their own pixels' k); then per weight column (c, tap) a mask of the channels k whose weight
-  // there is not finite; then a ring of the (gm, k) of output rows, row oy in slot oy & (kRing - 1). A step reads
-  // kKsize rows and stores one; with one slot more than it reads, the store of step s + 1 lands in the slot step s - 1
-  // read last, so one barrier a step separates them.
+  // warp read rows of their own pixels' k), each tap's kCout rows followed by a row of zeros (k = kZeroRow), which a
+  // tap outside the output reads, so that every tap runs the same code, without a branch; then per weight column
+  // (c, tap) a mask of the channels k whose weight there is not finite; then a ring of the (gm, k) of output rows,
+  // row oy in slot oy & (kRing - 1). A step reads kKsize rows and stores one; with one slot more than it reads, the
+  // store of step s + 1 lands in the slot step s - 1 read last, so one barrier a step separates them.
   static constexpr int kRing = 4;
   static_assert(kRing > kKsize && (kRing & (kRing - 1)) == 0, "a spare slot, and a mask for the index");
-  static constexpr int kWeightBytes = kTaps * kCout * kCin * 4;
+  static constexpr int kZeroRow = kCout, kWeightRows = kCout + 1;
+  static constexpr int kWeightBytes = kTaps * kWeightRows * kCin * 4;
   static constexpr int kMaskBytes = kEntries * 8;
   static constexpr int kSmemBytes = kWeightBytes + kMaskBytes + kRing * kTileCols * 8;
   __device__ static int slot(int oy) { return oy & (kRing - 1); }  // oy >= -(kKsize - 1); two's complement
@@ -135,16 +136,17 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
     for (int tap = 0; tap < G::kTaps; ++tap) v[tap] = convert<float>(w[(k * G::kCin + c) * G::kTaps + tap]);
 #pragma unroll
     for (int tap = 0; tap < G::kTaps; ++tap) {
-      reinterpret_cast<float*>(ws + (tap * G::kCout + k) * 4 + G::chunk(k, c / 4))[c % 4] = v[tap];
+      reinterpret_cast<float*>(ws + (tap * G::kWeightRows + k) * 4 + G::chunk(k, c / 4))[c % 4] = v[tap];
     }
   }
+  if (threadIdx.x < G::kTaps * 4) ws[((threadIdx.x >> 2) * G::kWeightRows + G::kZeroRow) * 4 + (threadIdx.x & 3)] = {};
   __syncthreads();
   bool any_bad = false;
   for (int e = threadIdx.x; e < G::kEntries; e += blockDim.x) {
     const int c = e / G::kTaps, tap = e % G::kTaps;
     uint64_t bad = 0;
     for (int k = 0; k < G::kCout; ++k) {
-      if (!isfinite(reinterpret_cast<const float*>(ws + (tap * G::kCout + k) * 4 + G::chunk(k, c / 4))[c % 4])) {
+      if (!isfinite(reinterpret_cast<const float*>(ws + (tap * G::kWeightRows + k) * 4 + G::chunk(k, c / 4))[c % 4])) {
         bad |= 1ull << k;
       }
     }
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
 #pragma unroll
     for (int u = 0; u < kPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads, ox = cb * G::kCols - (G::kKsize - 1) + at;
-      r.k[u] = G::kNoPixel;
+      r.k[u] = G::kZeroRow;
       if (at < G::kTileCols && oy >= 0 && oy < OH && ox >= 0 && ox < OW) {
         const int64_t pix = (n * OH + oy) * OW + ox;
         r.g[u] = g[pix];
@@ -187,20 +189,20 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
     for (int u = 0; u < kPerThread; ++u) {
       const int at = threadIdx.x + u * G::kThreads;
       if (at < G::kTileCols) {
-        const bool inside = r.k[u] != G::kNoPixel;
+        const bool inside = r.k[u] != G::kZeroRow;
         slot[at] = make_float2(inside ? min_grad(convert<float>(r.g[u]), r.m[u]) : 0.f, __int_as_float(r.k[u]));
       }
     }
   };
-  int y = (int)(begin % H), cb = (int)((begin / H) % col_blocks);
-  int64_t n = begin / ((int64_t)H * col_blocks);
+  StripStep strip = StripStep::of(begin, H, col_blocks);  // an input row: strip.row is y
   // Step s stores row y from one of two Rows, loaded two steps before (a strip's first step: loaded now, with its two
   // rows above), then loads into it row y + 2 of the same strip for step s + 2. A strip's first step also loads row
   // y + 1 into the other, which step s - 1, the last of another strip, left unloaded. (16-bit g: each row's loads a
   // step ahead and a second barrier a step read 10% slower; float32 g, whose dX writes twice the bytes, 1%.)
   Row row_a, row_b;
   const auto step = [&](int64_t s, Row& mine, Row& other) {
-    const int q0 = cb * G::kCols;
+    const int y = strip.row, cb = strip.cb, q0 = cb * G::kCols;
+    const int64_t n = strip.n;
     if (s == begin || y == 0) {  // a strip's first step here: its three output rows
       __syncthreads();  // over slots the last step may still be reading
       for (int i = G::kKsize - 1; i >= 0; --i) {
@@ -218,21 +220,19 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
       float acc[G::kCin];
 #pragma unroll
       for (int c = 0; c < G::kCin; ++c) acc[c] = 0.f;
-#pragma unroll 3
-      for (int tap = 0; tap < G::kTaps; ++tap) {
+#pragma unroll
+      for (int tap = 0; tap < G::kTaps; ++tap) {  // a tap outside the output: gm 0 times the zero row
         const int i = tap / G::kKsize, j = tap % G::kKsize;
         const float2 v = tile[G::slot(y - i) * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j];
         const int k = __float_as_int(v.y);
-        if (k != G::kNoPixel) {
-          const float4* const row = ws + (tap * G::kCout + k) * 4;
+        const float4* const row = ws + (tap * G::kWeightRows + k) * 4;
 #pragma unroll
-          for (int c4 = 0; c4 < G::kCin / 4; ++c4) {
-            const float4 wv = row[G::chunk(k, c4)];
-            acc[4 * c4] = fmaf(v.x, wv.x, acc[4 * c4]);
-            acc[4 * c4 + 1] = fmaf(v.x, wv.y, acc[4 * c4 + 1]);
-            acc[4 * c4 + 2] = fmaf(v.x, wv.z, acc[4 * c4 + 2]);
-            acc[4 * c4 + 3] = fmaf(v.x, wv.w, acc[4 * c4 + 3]);
-          }
+        for (int c4 = 0; c4 < G::kCin / 4; ++c4) {
+          const float4 wv = row[G::chunk(k, c4)];
+          acc[4 * c4] = fmaf(v.x, wv.x, acc[4 * c4]);
+          acc[4 * c4 + 1] = fmaf(v.x, wv.y, acc[4 * c4 + 1]);
+          acc[4 * c4 + 2] = fmaf(v.x, wv.z, acc[4 * c4 + 2]);
+          acc[4 * c4 + 3] = fmaf(v.x, wv.w, acc[4 * c4 + 3]);
         }
       }
       if (any_bad) {  // the reference's 0 * W[k', c, i, j] for every k' other than k(p): NaN where that W is not finite
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
         for (int tap = 0; tap < G::kTaps; ++tap) {
           const int i = tap / G::kKsize, j = tap % G::kKsize;
           const int k = __float_as_int(tile[G::slot(y - i) * G::kTileCols + threadIdx.x + (G::kKsize - 1) - j].y);
-          const uint64_t others = k == G::kNoPixel ? 0 : ~(1ull << k);
+          const uint64_t others = k == G::kZeroRow ? 0 : ~(1ull << k);
 #pragma unroll
           for (int c = 0; c < G::kCin; ++c) {
             if (bad_w[c * G::kTaps + tap] & others) acc[c] = __int_as_float(0x7fffffff);
@@ -250,10 +250,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
 #pragma unroll
       for (int c = 0; c < G::kCin; ++c) dx[((n * G::kCin + c) * H + y) * W + q] = convert<Elem>(acc[c]);
     }
-    const StripStep next = StripStep{n, cb, y}.following(H, col_blocks);
-    y = next.row;
-    cb = next.cb;
-    n = next.n;
+    strip = strip.following(H, col_blocks);
   };
   for (int64_t s = begin; s < end; s += 2) {
     step(s, row_a, row_b);

@@ -544,6 +544,12 @@ MUTANTS = {
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
          node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-T4")],
     ),
+    # dX's taps outside the output read channel 0's weight row instead of the zero row
+    "grad_input_outside_reads_channel_0": (
+        "const float4* const row = ws + (tap * G::kWeightRows + k) * 4;",
+        "const float4* const row = ws + (tap * G::kWeightRows + (k & 63)) * 4;",
+        [node("test_grad_input_tap_outside_the_output_adds_nothing", shape="saving_forward-tf32")],
+    ),
     # dX keeps its ring of output rows across a strip's start: the new strip's first rows read the last strip's
     "grad_input_strip_start_keeps_the_ring": (
         "if (s == begin || y == 0) {  // a strip's first step here",

@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(GradInput::kThreads, 3)
       reinterpret_cast<float*>(ws + (tap * G::kWeightRows + k) * 4 + G::chunk(k, c / 4))[c % 4] = v[tap];
     }
   }
+  static_assert(G::kThreads >= G::kTaps * 4, "a thread for each 16-byte chunk of the zero rows");
   if (threadIdx.x < G::kTaps * 4) ws[((threadIdx.x >> 2) * G::kWeightRows + G::kZeroRow) * 4 + (threadIdx.x & 3)] = {};
   __syncthreads();
   bool any_bad = false;

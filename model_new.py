@@ -1714,55 +1714,6 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   write_partial(sums, poisoned, e, partial);
 }
 
-// The largest finite |g| of the output's gradient (as bits; |gm| <= |g|), one value per CTA into maxima: the tensor
-// cores' dW scales its fp16 operands by it. Every CTA of the dW kernel reads all of them.
-template <class Elem>
-__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const Elem* __restrict__ g, int64_t count,
-                                                                          uint32_t* __restrict__ maxima) {
-  __shared__ uint32_t warp_max[8];
-  uint32_t m = 0;
-  const auto take = [&m](float v) {
-    v = fabsf(v);
-    if (isfinite(v)) m = max(m, __float_as_uint(v));
-  };
-  // The elements of one 32-bit word of g.
-  const auto take_word = [&take](uint32_t w) {
-    if constexpr (std::is_same_v<Elem, float>) {
-      take(__uint_as_float(w));
-    } else if constexpr (std::is_same_v<Elem, __half>) {
-      take(__half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu))));
-      take(__half2float(__ushort_as_half((unsigned short)(w >> 16))));
-    } else {  // bf16: the high half of an fp32 word
-      take(__uint_as_float(w << 16));
-      take(__uint_as_float(w & 0xFFFF0000u));
-    }
-  };
-  const int64_t threads = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  int64_t scalar_from = 0;
-  if ((reinterpret_cast<uintptr_t>(g) & 15) == 0) {  // 16-byte loads, four in flight a thread (zeros past the end)
-    constexpr int kPerVec = 16 / (int)sizeof(Elem);
-    const int64_t vecs = count / kPerVec;
-    const uint4* const gv = reinterpret_cast<const uint4*>(g);
-    for (int64_t i = first; i < vecs; i += 4 * threads) {
-      uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = i + u * threads < vecs ? gv[i + u * threads] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z), take_word(v[u].w);
-    }
-    scalar_from = vecs * kPerVec;
-  }
-  for (int64_t i = scalar_from + first; i < count; i += threads) take(convert<float>(g[i]));
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, d));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = max(m, warp_max[w]);
-    maxima[blockIdx.x] = m;
-  }
-}
-
 // The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
 // kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
@@ -1785,27 +1736,18 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 }
 
 // The tensor-core dW's gm operand (grad_weight_fed.cuh). gm is scaled by 2^scale (exact), scale putting the largest
-// finite |g| of the call in [2^14, 2^15): the operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the
-// sums are unscaled in fp32 at the end. gm's factor (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 =
-// tanh(m) is 1 or at least 2^-24 below it), so the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of
-// that largest |g| is lost (as in any fp32 sum that holds the largest). The scale stays within [-126, 126]: a
-// largest |g| up to fp32's largest fits, and 2^-scale is a normal float. db keeps what hi leaves too (lo = gm *
-// 2^scale - hi, times 2^11, in fp16): about 22 bits of each gm, as an fp32 sum does.
+// finite |gm| of a step (256 pixels of one output row) in [2^14, 2^15): the operand is gm * 2^scale rounded to TF32
+// (cvt.rna), in fp16 (hi); the step's sums are unscaled in fp32 as they are added. So a step's gm keeps TF32's class
+// down to 2^-28 of its largest, and a gm below 2^-38 of it is lost (as in any fp32 sum that holds the largest), a
+// step apart from every other step's range. The scale stays within [-126, 126]: a largest |gm| up to fp32's largest
+// fits, and 2^-scale is a normal float. db keeps what hi leaves too (lo = gm * 2^scale - hi, times 2^11, in fp16):
+// about 22 bits of each gm, as an fp32 sum does.
 struct GradScale {
   __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
-  // The operand scale from the largest finite |g| (bits): that |g| times 2^scale in [2^14, 2^15), and 2^-scale a
+  // The operand scale from the largest finite |gm| (bits): that |gm| times 2^scale in [2^14, 2^15), and 2^-scale a
   // normal float.
   __device__ static int operand_scale(uint32_t largest) {
     return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));
-  }
-  // The call's operand scale, from the scale kernel's per-CTA maxima: every thread of the CTA, `largest` a zeroed
-  // shared word (published by a barrier before).
-  __device__ static int call_scale(const uint32_t* __restrict__ maxima, int scale_blocks, uint32_t* largest) {
-    uint32_t m = 0;
-    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
-    atomicMax(largest, m);
-    __syncthreads();
-    return operand_scale(*largest);
   }
   // A pixel's gm * 2^scale as the operands carry it: hi = rounded to TF32 (cvt.rna), in fp16; lo = what hi leaves,
   // times 2^11, in fp16 (0 where gm is not finite). Each in the low half of its word.
@@ -2431,15 +2373,18 @@ using FedTag = std::conditional_t<std::is_same_v<Elem, float>, Tf32OnF16Walked, 
 // slot), so no warp waits for another but at a slot. With a step's newest row the producer also stores the step's
 // pixel record in the same slot: each pixel's gm * 2^scale rounded to TF32 (cvt.rna) in fp16 (hi) with its k and
 // rank, what hi leaves of it times 2^11 in fp16 (lo, for db, which keeps about 22 bits a term as an fp32 sum does),
-// the k of each rank, and each producer warp's set of k (a walked step reads gm's parts from global memory). gm's
-// scale is GradScale's. At 79 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
-// With kBuiltB (where two CTAs fit an SM: 86 KB, 102 KB with float32 x's staging; sm_90, sm_100) the producer also
-// writes each step's B for ranks 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros elsewhere) into
-// one of two buffers, and a row warp reads a pair of chunks' B fragments with one ldmatrix.trans instead of building
-// them from the record; a step with more than 8 ranks builds the later batches' as without.
+// the k of each rank, each producer warp's set of k and largest finite |gm|, and the step's scale (GradScale: from
+// the step's largest |gm|, so no pass over g comes first; a walked step reads gm's parts from global memory). At
+// 78 KB two CTAs fit an SM on every sm_80+ GPU but the 99 KB ones.
+// With kBuiltB (where two CTAs fit an SM: 86 KB, 110 KB with float32 x's staging and db's rows; sm_90, sm_100) the
+// producer also writes each step's B for ranks 0-7 (one 16-byte row a pixel: its hi at its rank's column, zeros
+// elsewhere) into one of two buffers, and a row warp reads a pair of chunks' B fragments with one ldmatrix.trans
+// instead of building them from the record; a step with more than 8 ranks builds the later batches' as without.
 // db on the tensor cores: A = ones in k columns 0-7 and 2^-11 in 8-15, B = the hi of 8 pixels above their lo, each
 // masked to its rank: two accumulators (pixels 0-7 and 8-15 of each chunk), sum of (hi + lo * 2^-11) a rank, two MMAs
-// a chunk and batch.
+// a chunk and batch. For float32 x (kBuiltBLo) the producer writes db's rows too, lo in place of hi, and the bias
+// warp reads both rows of a chunk pair by ldmatrix.trans against A = ones: four MMAs and two loads a chunk pair.
+// A row warp keeps rank 0's sums in registers from step to step while rank 0's k stays the same.
 template <class XElem, bool kBuiltB_>
 struct GradWeightFedOf : GradGeometry {
   static constexpr bool kBuiltB = kBuiltB_;
@@ -2466,9 +2411,13 @@ struct GradWeightFedOf : GradGeometry {
   static constexpr int kHeldOffset = (kKOfRankOffset + kCout + 7) / 8 * 8;
   // uint32 a producer warp: (the row's number from 1) << 3 | its share's bits (kTooLargeBit, kLargeBit, kNonzeroBit)
   static constexpr int kWalkOffset = kHeldOffset + 8 * kProducerWarps;
+  // uint32 a producer warp: the largest finite |gm| of its pixels of the step (bits); then the step's operand scale
+  // (int, GradScale::operand_scale of the step's largest)
+  static constexpr int kLargestOffset = kWalkOffset + 4 * kProducerWarps;
+  static constexpr int kScaleOffset = kLargestOffset + 4 * kProducerWarps;
   static constexpr uint32_t kTooLargeBit = 1, kLargeBit = 2, kNonzeroBit = 4;
   static constexpr uint32_t kNoPixel = 0xFFFF0000u;
-  static constexpr int kSlotBytes = (kWalkOffset + 4 * kProducerWarps + 15) / 16 * 16;
+  static constexpr int kSlotBytes = (kScaleOffset + 4 + 15) / 16 * 16;
   static constexpr int kProducerBarrier = 1;  // named barrier of the producer warps (0 is __syncthreads)
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
   using Ring = RowRing<kSlots, kSlotBytes>;
@@ -2480,23 +2429,29 @@ struct GradWeightFedOf : GradGeometry {
   static constexpr int kLateOffset = (kRingBytes + kSumBytes + kPoisonBytes + 15) / 16 * 16;
   static constexpr int kLateBytes = Producer::kLate * Producer::kChannels * 16;
   static constexpr int kBarrierOffset = kLateOffset + kLateBytes;
-  // the ring's mbarriers and the scale's word, then (kBuiltB) two steps' B: [kCols pixels][8 ranks] fp16 each. Two
+  // the ring's mbarriers, then (kBuiltB) two steps' B: [kCols pixels][8 ranks] fp16 each. Two
   // are enough: the producer writes step t's B once it holds the slot of step t's newest row, whose previous row (4
   // rows back) every consumer releases only after step t - 2 (kSlots = 4, a step releases its window's oldest row).
   static constexpr int kBBytes = kCols * 16;
-  static constexpr int kBOffset = (kBarrierOffset + kSlots * 16 + 16 + 127) / 128 * 128;
+  static constexpr int kBOffset = (kBarrierOffset + kSlots * 16 + 127) / 128 * 128;
+  // (kBuiltBLo) and two steps' B of db's lo parts, the same rows with each pixel's lo in place of its hi: the bias
+  // warp reads both by ldmatrix.trans as the row warps read B.
+  static constexpr int kBLoOffset = kBOffset + 2 * kBBytes;
   // kStaged (float32 x, with kBuiltB): the producer copies the next row's body and late vectors (cp.async) into a
   // staging area while it stores the row before, so that a CTA has two rows in flight with one row's registers: its
   // body, [item][channel][thread] (each thread reads back what it copied), then one 16-byte word a lane of warp 0.
   // 16-bit x (half the bytes a row) reads slower staged (docs/perf-notes.md, "Training and the saving forward"): it
   // loads into registers, as without kBuiltB.
   static constexpr bool kStaged = kBuiltB && std::is_same_v<XElem, float>;
-  static constexpr int kStageOffset = kBOffset + 2 * kBBytes;
+  // The bias warp's B built by the producer too (float32 x's, whose consumers set the step: dW + db -7% against B
+  // built from the record); 16-bit x's producer, which sets its step, reads 1-2% slower writing those rows.
+  static constexpr bool kBuiltBLo = kStaged;
+  static constexpr int kStageOffset = kBuiltBLo ? kBLoOffset + 2 * kBBytes : kBLoOffset;
   static constexpr int kLateStageOffset = kStageOffset + Producer::kStageBytes;
   static constexpr int kStageBytes = Producer::kStageBytes + 32 * 16;
   static constexpr int kSmemBytes = kStaged    ? kStageOffset + kStageBytes
                                     : kBuiltB ? kStageOffset
-                                              : kBarrierOffset + kSlots * 16 + 16;
+                                              : kBarrierOffset + kSlots * 16;
   static constexpr uint32_t kOnes = 0x3C003C00u;   // two fp16 ones
   static constexpr uint32_t kSmall = 0x10001000u;  // two fp16 2^-11
   static_assert(kCin == 16 && kKsize == 3 && kCout == 64 && Geometry::kGroups == 2, "A: the two channel groups");
@@ -2530,8 +2485,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
     conv3x3_min_tanh2_grad_weight_fed_kernel(const Elem* __restrict__ x, const Elem* __restrict__ g,
                                              const float* __restrict__ pre_min,
                                              const unsigned char* __restrict__ argmin, float* __restrict__ partial,
-                                             const uint32_t* __restrict__ maxima, int scale_blocks, int H, int W,
-                                             int64_t total_steps) {
+                                             int H, int W, int64_t total_steps) {
   // With kBuiltB, compiled only where two CTAs fit an SM (sm_90, sm_100; choose_grad_weight_kernel picks it only
   // there).
   if constexpr (kHasFused && (!kBuiltB || GradWeightFed<true>::two_fit(kArchSmemPerBlock))) {
@@ -2540,7 +2494,6 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
     float* const sums = reinterpret_cast<float*>(smem + G::kRingBytes);  // [k][kPartial]: every step's, as it ends
     uint64_t* const poison = reinterpret_cast<uint64_t*>(smem + G::kRingBytes + G::kSumBytes);  // per entry: k made NaN
     uint64_t* const bars = reinterpret_cast<uint64_t*>(smem + G::kBarrierOffset);
-    uint32_t* const scale_max = reinterpret_cast<uint32_t*>(bars + 2 * G::kSlots);
     const typename G::Ring ring{smem, bars};
     const auto walk_words = [](const unsigned char* slot) {
       return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(slot) + G::kWalkOffset);
@@ -2565,12 +2518,8 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
     for (int i = threadIdx.x; i < G::kRingBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = make_uint4(0, 0, 0, 0);
     for (int i = threadIdx.x; i < G::kCout * G::kPartial; i += blockDim.x) sums[i] = 0.f;
     for (int i = threadIdx.x; i < G::kPartial; i += blockDim.x) poison[i] = 0;
-    if (threadIdx.x == 0) {
-      G::Ring::init(bars, G::kProducerThreads, G::kConsumerThreads);
-      *scale_max = 0;
-    }
+    if (threadIdx.x == 0) G::Ring::init(bars, G::kProducerThreads, G::kConsumerThreads);
     __syncthreads();
-    const int scale = GradScale::call_scale(maxima, scale_blocks, scale_max);
     const int OH = H - (G::kKsize - 1), OW = W - (G::kKsize - 1);
     const int col_blocks = (OW + G::kCols - 1) / G::kCols;
     int64_t begin, end;
@@ -2587,7 +2536,6 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
       // setmaxnreg moving registers from the consumer warpgroup) and a deeper ring (6 slots) both read slower
       // (docs/perf-notes.md, "Training and the saving forward").
       const int ptid = threadIdx.x, warp = ptid >> 5;
-      const float up = GradScale::pow2(scale);
       const typename G::Producer producer(x, H, W, ptid);
       // A row to load: where it is, and whether it is a step's newest (it carries the step's record).
       struct Fetch {
@@ -2686,20 +2634,39 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
         if (f.record) {
           uint32_t* const hk = reinterpret_cast<uint32_t*>(slot + G::kHkOffset);
           uint16_t* const lo = reinterpret_cast<uint16_t*>(slot + G::kLoOffset);
-          // The set of k the step's pixels hold: each warp's, then all of them (the producer warps' barrier).
-          uint32_t held_lo = 0, held_hi = 0;
+          // The set of k the step's pixels hold and their largest finite |gm|: each warp's, then all of them (the
+          // producer warps' barrier).
+          uint32_t held_lo = 0, held_hi = 0, largest = 0;
+          float gm[G::kPixelsPerThread];
 #pragma unroll
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
-            if (in.kv[u] >= 0) (in.kv[u] < 32 ? held_lo : held_hi) |= 1u << (in.kv[u] & 31);
+            const int k = in.kv[u];
+            if (k >= 0) (k < 32 ? held_lo : held_hi) |= 1u << (k & 31);
+            gm[u] = k >= 0 ? min_grad(in.gv[u], in.mv[u]) : 0.f;
+            const uint32_t magnitude = __float_as_uint(gm[u]) & 0x7FFFFFFFu;
+            if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
           }
           held_lo = warp_or(held_lo);
           held_hi = warp_or(held_hi);
+          largest = warp_max(largest);
           uint64_t* const held_words = reinterpret_cast<uint64_t*>(slot + G::kHeldOffset);
-          if (lane == 0) held_words[warp] = (uint64_t)held_hi << 32 | held_lo;
+          uint32_t* const largest_words = reinterpret_cast<uint32_t*>(slot + G::kLargestOffset);
+          if (lane == 0) {
+            held_words[warp] = (uint64_t)held_hi << 32 | held_lo;
+            largest_words[warp] = largest;
+          }
           named_barrier<G::kProducerThreads>(G::kProducerBarrier);
           uint64_t held = 0;  // the step's set of k: every producer warp's
 #pragma unroll
-          for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];
+          for (int w = 0; w < G::kProducerWarps; ++w) {
+            held |= held_words[w];
+            largest = max(largest, largest_words[w]);
+          }
+          // The step's operand scale: its largest finite |gm| times 2^scale in [2^14, 2^15); the consumers undo it
+          // in fp32 as they add the step's sums.
+          const int scale = GradScale::operand_scale(largest);
+          const float up = GradScale::pow2(scale);
+          if (ptid == 0) *reinterpret_cast<int*>(slot + G::kScaleOffset) = scale;
           if (ptid < G::kCout && ((held >> ptid) & 1u)) {
             slot[G::kKOfRankOffset + __popcll(held & ((1ull << ptid) - 1))] = (unsigned char)ptid;
           }
@@ -2707,18 +2674,25 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
           for (int u = 0; u < G::kPixelsPerThread; ++u) {
             const int p = ptid + G::kProducerThreads * u;
             const int k = in.kv[u];
-            const float gm = k >= 0 ? min_grad(in.gv[u], in.mv[u]) : 0.f;
-            const float scaled = gm * up;
+            const float scaled = gm[u] * up;
             uint32_t hi, small;
             GradScale::split_gm(scaled, hi, small);
             const uint32_t rank = k >= 0 ? __popcll(held & ((1ull << k) - 1)) : 0u;
             hk[p] = k >= 0 ? hi | (uint32_t)k << 16 | rank << 24 : G::kNoPixel;
             lo[p] = (uint16_t)(k >= 0 ? small : 0u);
             if constexpr (G::kBuiltB) {
-              // B's row of pixel p for ranks 0-7: hi at its rank's column (word rank / 2, half rank % 2)
-              const uint32_t v = k >= 0 && rank < 8 ? hi << (16 * (rank & 1)) : 0u, w = rank >> 1;
-              reinterpret_cast<uint4*>(smem + G::kBOffset + (records & 1) * G::kBBytes)[p] =
+              // B's row of pixel p for ranks 0-7: hi at its rank's column (word rank / 2, half rank % 2); db's row
+              // the same with lo
+              const bool in_b = k >= 0 && rank < 8;
+              const uint32_t shift = 16 * (rank & 1), w = rank >> 1;
+              const uint32_t v = in_b ? hi << shift : 0u, v_lo = in_b ? small << shift : 0u;
+              const int buffer = (records & 1) * G::kBBytes;
+              reinterpret_cast<uint4*>(smem + G::kBOffset + buffer)[p] =
                   make_uint4(w == 0 ? v : 0u, w == 1 ? v : 0u, w == 2 ? v : 0u, w == 3 ? v : 0u);
+              if constexpr (G::kBuiltBLo) {
+                reinterpret_cast<uint4*>(smem + G::kBLoOffset + buffer)[p] =
+                    make_uint4(w == 0 ? v_lo : 0u, w == 1 ? v_lo : 0u, w == 2 ? v_lo : 0u, w == 3 ? v_lo : 0u);
+              }
             }
           }
           ++records;
@@ -2780,9 +2754,6 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
       // The consumers: each step's window (rows oy, oy + 1, oy + 2) and its pixel record (in the newest row's slot).
       const int cw = (threadIdx.x - G::kProducerThreads) >> 5;  // 0..2: input row offset; 3: the bias
       const int gq = lane >> 2, tq = lane & 3;
-      // A batch's sums go into the CTA's, unscaled, beside the walked steps' (another lane of this warp walks each
-      // entry: a __syncwarp after every step).
-      const float down = GradScale::pow2(-scale);
       // A walked step: this lane's entries, (c, cw, j) for idx = lane and lane + 32 below 48 (c = idx / 3, j = idx % 3),
       // or for the bias warp's lane 0 the bias; the k each one's walk made NaN (the reference's 0 * inf).
       const int walk_entries = cw < G::kRowWarps ? (lane + 32 < G::kCin * G::kKsize ? 2 : 1) : (lane == 0 ? 1 : 0);
@@ -2796,16 +2767,37 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
       const int a_pixel = (lane & 7) + 8 * (lane >> 4), a_group = (lane >> 3) & 1;
       StepWalker at(begin, OH, col_blocks);
       uint32_t rows = 0;  // rows received so far: the window is rows - 3 .. rows - 1
+      uint32_t walks = 0;  // bit i: row rows - 1 - i walks its windows (row_walks, read once a row)
+      // A row warp's rank-0 sums (lanes with tq = 0: entries (gq, cw, j) and (gq + 8, cw, j)) stay in registers from
+      // step to step while rank 0's k does not change (torch.rand's argmins: nearly always), and go into the CTA's
+      // sums when it changes and after the last step, in an order fixed by the data (deterministic).
+      float carry[2][G::kKsize] = {};
+      int carry_k = -1;
+      const auto flush_carry = [&]() {
+        if (carry_k < 0) return;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float* const at_k = sums + carry_k * G::kPartial + (gq + 8 * h) * G::kTaps + cw * G::kKsize;
+#pragma unroll
+          for (int j = 0; j < G::kKsize; ++j) {
+            at_k[j] += carry[h][j];
+            carry[h][j] = 0.f;
+          }
+        }
+      };
       for (int64_t step = begin; step < end; ++step, at.advance()) {
         const int fresh = RowCursor::new_rows(step == begin || at.oy == 0);
-        for (int i = 0; i < fresh; ++i, ++rows) ring.wait(rows);
+        for (int i = 0; i < fresh; ++i, ++rows) {
+          ring.wait(rows);
+          walks = walks << 1 | (row_walks(ring.slot(rows)) ? 1u : 0u);
+        }
         const unsigned char* const newest = ring.slot(rows - 1);
         const uint32_t* const hk = reinterpret_cast<const uint32_t*>(newest + G::kHkOffset);
+        // A batch's sums go into the CTA's, unscaled (the step's operand scale), beside the walked steps' (another
+        // lane of this warp walks each entry: a __syncwarp after every step).
+        const float down = GradScale::pow2(-*reinterpret_cast<const int*>(newest + G::kScaleOffset));
         const int col0 = at.cb * G::kCols, count = min(G::kCols, OW - col0);
-        bool walk = false;
-#pragma unroll
-        for (int i = 1; i <= G::kKsize; ++i) walk |= row_walks(ring.slot(rows - i));
-        if (walk) {
+        if (walks & 7u) {  // a row of the window walks
           // Every entry's sum in fp32, pixel by pixel, the inputs and gm from global memory (as the walkers sum).
           const int64_t out_row = (at.n * OH + at.oy) * (int64_t)OW + col0;
 #pragma unroll
@@ -2872,14 +2864,30 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
                 chunk(c + 1, acc[1]);
               }
             }
-            // acc[h][j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j)
+            // acc[h][j] row c = gq (+ 8), column 2 tq (+ 1): rank 8 batch + column, entry (c, cw, j). Rank 0 (batch
+            // 0, tq = 0, even r) into the carry; a carry of another k first into the sums, before the other lanes
+            // add theirs (one of which may be that k's).
+            const bool carries = batch == 0 && tq == 0;
+            if (carries && k_of_rank[0] != carry_k) {
+              flush_carry();
+              carry_k = k_of_rank[0];
+            }
+            __syncwarp();
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
               const int rank = 8 * batch + 2 * tq + (r & 1), c = gq + 8 * (r >> 1);
               if (rank >= ranks) continue;
+              float add[G::kKsize];
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) add[j] = acc[0][j][r] + acc[1][j][r];
+              if (carries && (r & 1) == 0) {
+#pragma unroll
+                for (int j = 0; j < G::kKsize; ++j) carry[r >> 1][j] = fmaf(add[j], down, carry[r >> 1][j]);
+                continue;
+              }
               float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;
 #pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r] + acc[1][j][r], down, at_k[j]);
+              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(add[j], down, at_k[j]);
             }
           }
         } else {
@@ -2904,9 +2912,35 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
               mma_sync(acc[0], a, h01 & m01, l01 & m01, Operand<__half>{});
               mma_sync(acc[1], a, h89 & m89, l89 & m89, Operand<__half>{});
             };
-            // Every chunk, with no test (as the row warps).
+            if (G::kBuiltBLo && batch == 0) {
+              // B from the producer's rows, hi and lo, a chunk pair by two ldmatrix.trans (as the row warps read B),
+              // against A = ones: every row of D is the sum of the 16 pixels' hi (lo) a rank. Four chains: hi and lo
+              // of even and odd chunks; lo's sums scaled by 2^-11 after, even chunks into acc[0], odd into acc[1].
+              const int buffer = ((step - begin) & 1) * G::kBBytes + lane * 16;
+              const uint32_t hi_base = smem_u32(smem + G::kBOffset + buffer);
+              const uint32_t lo_base = smem_u32(smem + G::kBLoOffset + buffer);
+              const uint32_t ones[4] = {G::kOnes, G::kOnes, G::kOnes, G::kOnes};
+              float parts[4][4] = {};
+#pragma unroll 2
+              for (int c = 0; c * G::kChunk < count; c += 2) {
+                uint32_t bh[4], bl[4];
+                ldmatrix_x4_trans(bh, hi_base + c * G::kChunk * 16);
+                ldmatrix_x4_trans(bl, lo_base + c * G::kChunk * 16);
+                mma_sync(parts[0], ones, bh[0], bh[1], Operand<__half>{});
+                mma_sync(parts[1], ones, bh[2], bh[3], Operand<__half>{});
+                mma_sync(parts[2], ones, bl[0], bl[1], Operand<__half>{});
+                mma_sync(parts[3], ones, bl[2], bl[3], Operand<__half>{});
+              }
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                acc[0][r] = parts[0][r] + parts[2][r] * 0x1p-11f;
+                acc[1][r] = parts[1][r] + parts[3][r] * 0x1p-11f;
+              }
+            } else {
+              // Every chunk, with no test (as the row warps).
 #pragma unroll 4
-            for (int c = 0; c * G::kChunk < count; ++c) chunk(c);
+              for (int c = 0; c * G::kChunk < count; ++c) chunk(c);
+            }
             // row 0 (lanes 0-3): column 2 tq (+ 1), rank 8 batch + column
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -2924,6 +2958,7 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
           ring.release(rows - 1);
         }
       }
+      if (cw < G::kRowWarps && tq == 0) flush_carry();
 #pragma unroll
       for (int q = 0; q < 2; ++q)
         if (q < walk_entries) poison[entry_of(q)] = poisoned[q];
@@ -4767,9 +4802,9 @@ extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N,
   return cudaSuccess;
 }
 
-// A CTA's partial [kCout][kPartial], and one word more a CTA after all partials: the tensor cores' largest |g|.
+// A CTA's partial [kCout][kPartial].
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
-  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial + 1;
+  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial;
 }
 
 template <class Elem>
@@ -4777,14 +4812,12 @@ struct LaunchGradWeight {
   // The fed kernel, with B built by its producer or not (grad_weight_fed.cuh).
   template <bool kBuiltB>
   static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
-                                float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
-                                int64_t fed_steps, cudaStream_t stream) {
+                                float* partial, int blocks, int H, int W, int64_t fed_steps, cudaStream_t stream) {
     using F = kb25::GradWeightFedOf<Elem, kBuiltB>;
     constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
     const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
     if (err != cudaSuccess) return err;
-    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, maxima, scale_blocks, H, W,
-                                                         fed_steps);
+    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, H, W, fed_steps);
     return cudaSuccess;
   }
   static cudaError_t run(int kernel_kind, const void* x, const void* g, const float* pre_min,
@@ -4797,17 +4830,11 @@ struct LaunchGradWeight {
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
     if (kernel_kind != kGradWeightWalkers) {
-      // gm's scale: the largest finite |g|, a word per CTA after the partials.
-      uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
-      const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
-      kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
       // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
       const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
-      const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
       const auto launch = kernel_kind == kGradWeightFedBuiltB ? launch_fed<true> : launch_fed<false>;
-      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
-                                     stream);
+      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, blocks, H, W, fed_steps, stream);
       if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;

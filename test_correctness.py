@@ -2370,6 +2370,26 @@ def test_training_weight_gradient_scale_sees_every_element_of_g(precision, align
 
 
 @needs_cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("profile", ["H100", "A100"])
+def test_training_weight_gradient_infinite_g_keeps_its_steps_finite_gm(profile, precision, tf32_default):
+    """An infinite element of g: its channel's dW and db are infinite, as in the float64 chain, and every other
+    channel keeps the step's finite gm. The tensor cores' operand scale is each step's, from its largest finite |gm|;
+    one taken over the infinity would scale the step's finite gm to zeros (a step is a 38th of this shape's sums)."""
+    new, x, g, _ = _train_setup(profile, precision, (2, 16, 21, 37), seed=69)
+    w, b = new.conv.weight.detach(), new.conv.bias.detach()
+    with harness.emulated(profile):
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, w, b, AUTO)
+        g[1, 0, 7, 11] = float("inf")
+        _, dw, db = torch.ops.kb25.conv_min_tanh2_backward(g, x, w, argmin, pre_min, False, True, True)
+    want = harness.routed_float64_grads(x, w, argmin, pre_min, g)
+    assert torch.isinf(want[1]).any() and torch.isinf(dw).any(), "no infinite dW"
+    tol = TF32_WEIGHT_GRAD_TOL if _weight_grad_on_tensor_cores(profile, precision) else ROUTED_TOL[precision]
+    assert harness.relative_error(dw, want[1]) <= max(tol, ROUTED_TOL[precision]), "dw"
+    assert harness.relative_error(db, want[2]) <= ROUTED_TOL[precision], "db"
+
+
+@needs_cuda
 @pytest.mark.parametrize("profile", ["H100", "A100"])
 @pytest.mark.parametrize("case", ["tiny_x", "small_x", "tiny_x_one_image", "dust_x"])
 @pytest.mark.parametrize("width", [150, 152], ids=["by_element", "aligned"])

@@ -462,55 +462,6 @@ __global__ void __launch_bounds__(GradWeight::kThreads, 3)
   write_partial(sums, poisoned, e, partial);
 }
 
-// The largest finite |g| of the output's gradient (as bits; |gm| <= |g|), one value per CTA into maxima: the tensor
-// cores' dW scales its fp16 operands by it. Every CTA of the dW kernel reads all of them.
-template <class Elem>
-__global__ void __launch_bounds__(256) conv3x3_min_tanh2_grad_scale_kernel(const Elem* __restrict__ g, int64_t count,
-                                                                          uint32_t* __restrict__ maxima) {
-  __shared__ uint32_t warp_max[8];
-  uint32_t m = 0;
-  const auto take = [&m](float v) {
-    v = fabsf(v);
-    if (isfinite(v)) m = max(m, __float_as_uint(v));
-  };
-  // The elements of one 32-bit word of g.
-  const auto take_word = [&take](uint32_t w) {
-    if constexpr (std::is_same_v<Elem, float>) {
-      take(__uint_as_float(w));
-    } else if constexpr (std::is_same_v<Elem, __half>) {
-      take(__half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu))));
-      take(__half2float(__ushort_as_half((unsigned short)(w >> 16))));
-    } else {  // bf16: the high half of an fp32 word
-      take(__uint_as_float(w << 16));
-      take(__uint_as_float(w & 0xFFFF0000u));
-    }
-  };
-  const int64_t threads = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  int64_t scalar_from = 0;
-  if ((reinterpret_cast<uintptr_t>(g) & 15) == 0) {  // 16-byte loads, four in flight a thread (zeros past the end)
-    constexpr int kPerVec = 16 / (int)sizeof(Elem);
-    const int64_t vecs = count / kPerVec;
-    const uint4* const gv = reinterpret_cast<const uint4*>(g);
-    for (int64_t i = first; i < vecs; i += 4 * threads) {
-      uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = i + u * threads < vecs ? gv[i + u * threads] : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z), take_word(v[u].w);
-    }
-    scalar_from = vecs * kPerVec;
-  }
-  for (int64_t i = scalar_from + first; i < count; i += threads) take(convert<float>(g[i]));
-#pragma unroll
-  for (int d = 16; d > 0; d /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, d));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = max(m, warp_max[w]);
-    maxima[blockIdx.x] = m;
-  }
-}
-
 // The OR and the largest of v over the warp's 32 lanes (every lane active): redux.sync on sm_80+, where the tensor-core
 // kernels run; shuffles elsewhere, so that the source compiles for every arch.
 __device__ __forceinline__ uint32_t warp_or(uint32_t v) {
@@ -533,27 +484,18 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 }
 
 // The tensor-core dW's gm operand (grad_weight_fed.cuh). gm is scaled by 2^scale (exact), scale putting the largest
-// finite |g| of the call in [2^14, 2^15): the operand is gm * 2^scale rounded to TF32 (cvt.rna), in fp16 (hi); the
-// sums are unscaled in fp32 at the end. gm's factor (1 - t2^2)(1 - t1^2), in fp32, is 0 or above about 2^-25 (t1 =
-// tanh(m) is 1 or at least 2^-24 below it), so the gm of the largest |g| stays an fp16 normal. A gm below 2^-38 of
-// that largest |g| is lost (as in any fp32 sum that holds the largest). The scale stays within [-126, 126]: a
-// largest |g| up to fp32's largest fits, and 2^-scale is a normal float. db keeps what hi leaves too (lo = gm *
-// 2^scale - hi, times 2^11, in fp16): about 22 bits of each gm, as an fp32 sum does.
+// finite |gm| of a step (256 pixels of one output row) in [2^14, 2^15): the operand is gm * 2^scale rounded to TF32
+// (cvt.rna), in fp16 (hi); the step's sums are unscaled in fp32 as they are added. So a step's gm keeps TF32's class
+// down to 2^-28 of its largest, and a gm below 2^-38 of it is lost (as in any fp32 sum that holds the largest), a
+// step apart from every other step's range. The scale stays within [-126, 126]: a largest |gm| up to fp32's largest
+// fits, and 2^-scale is a normal float. db keeps what hi leaves too (lo = gm * 2^scale - hi, times 2^11, in fp16):
+// about 22 bits of each gm, as an fp32 sum does.
 struct GradScale {
   __device__ static float pow2(int s) { return __int_as_float((127 + s) << 23); }  // -126 <= s <= 126
-  // The operand scale from the largest finite |g| (bits): that |g| times 2^scale in [2^14, 2^15), and 2^-scale a
+  // The operand scale from the largest finite |gm| (bits): that |gm| times 2^scale in [2^14, 2^15), and 2^-scale a
   // normal float.
   __device__ static int operand_scale(uint32_t largest) {
     return max(-126, min(126, 141 - max((int)(largest >> 23), 1)));
-  }
-  // The call's operand scale, from the scale kernel's per-CTA maxima: every thread of the CTA, `largest` a zeroed
-  // shared word (published by a barrier before).
-  __device__ static int call_scale(const uint32_t* __restrict__ maxima, int scale_blocks, uint32_t* largest) {
-    uint32_t m = 0;
-    for (int b = threadIdx.x; b < scale_blocks; b += blockDim.x) m = max(m, maxima[b]);
-    atomicMax(largest, m);
-    __syncthreads();
-    return operand_scale(*largest);
   }
   // A pixel's gm * 2^scale as the operands carry it: hi = rounded to TF32 (cvt.rna), in fp16; lo = what hi leaves,
   // times 2^11, in fp16 (0 where gm is not finite). Each in the low half of its word.

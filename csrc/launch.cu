@@ -289,9 +289,9 @@ extern "C" cudaError_t conv3x3_min_tanh2_grad_weight_blocks(int elem, int64_t N,
   return cudaSuccess;
 }
 
-// A CTA's partial [kCout][kPartial], and one word more a CTA after all partials: the tensor cores' largest |g|.
+// A CTA's partial [kCout][kPartial].
 extern "C" int conv3x3_min_tanh2_grad_weight_partial_floats() {
-  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial + 1;
+  return kb25::GradWeight::kCout * kb25::GradWeight::kPartial;
 }
 
 template <class Elem>
@@ -299,14 +299,12 @@ struct LaunchGradWeight {
   // The fed kernel, with B built by its producer or not (grad_weight_fed.cuh).
   template <bool kBuiltB>
   static cudaError_t launch_fed(const Elem* x, const Elem* g, const float* pre_min, const unsigned char* argmin,
-                                float* partial, const uint32_t* maxima, int scale_blocks, int blocks, int H, int W,
-                                int64_t fed_steps, cudaStream_t stream) {
+                                float* partial, int blocks, int H, int W, int64_t fed_steps, cudaStream_t stream) {
     using F = kb25::GradWeightFedOf<Elem, kBuiltB>;
     constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_fed_kernel<Elem, kBuiltB>;
     const cudaError_t err = opt_in_shared_memory<kernel>(F::kSmemBytes);
     if (err != cudaSuccess) return err;
-    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, maxima, scale_blocks, H, W,
-                                                         fed_steps);
+    kernel<<<blocks, F::kThreads, F::kSmemBytes, stream>>>(x, g, pre_min, argmin, partial, H, W, fed_steps);
     return cudaSuccess;
   }
   static cudaError_t run(int kernel_kind, const void* x, const void* g, const float* pre_min,
@@ -319,17 +317,11 @@ struct LaunchGradWeight {
     const auto* const xe = static_cast<const Elem*>(x);
     const auto* const ge = static_cast<const Elem*>(g);
     if (kernel_kind != kGradWeightWalkers) {
-      // gm's scale: the largest finite |g|, a word per CTA after the partials.
-      uint32_t* const maxima = reinterpret_cast<uint32_t*>(partial + (int64_t)blocks * G::kCout * G::kPartial);
-      const int64_t pixels = N * (H - (G::kKsize - 1)) * (W - (G::kKsize - 1));
-      kb25::conv3x3_min_tanh2_grad_scale_kernel<Elem><<<blocks, 256, 0, stream>>>(ge, pixels, maxima);
       // Its steps are twice as wide: no more CTAs than steps (fewer partials to add; still fixed for a shape).
       const int64_t fed_steps = grad_weight_steps<kb25::GradWeightFed<false>::kCols>(N, H, W);
-      const int scale_blocks = blocks;
       blocks = (int)(fed_steps < blocks ? fed_steps : blocks);
       const auto launch = kernel_kind == kGradWeightFedBuiltB ? launch_fed<true> : launch_fed<false>;
-      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, maxima, scale_blocks, blocks, H, W, fed_steps,
-                                     stream);
+      const cudaError_t err = launch(xe, ge, pre_min, argmin, partial, blocks, H, W, fed_steps, stream);
       if (err != cudaSuccess) return err;
     } else {
       constexpr auto kernel = kb25::conv3x3_min_tanh2_grad_weight_kernel<Elem>;

@@ -584,7 +584,7 @@ MUTANTS = {
     ),
     # the fed dW leaves its sums at the fp16 operands' scale
     "grad_weight_fed_scale_not_undone": (
-        "const float down = GradScale::pow2(-scale);",
+        "const float down = GradScale::pow2(-*reinterpret_cast<const int*>(newest + G::kScaleOffset));",
         "const float down = 1.f;",
         ["test_training_weight_gradient_scales_with_the_output_gradient[tf32-H100]",
          "test_training_weight_gradient_scales_with_the_output_gradient[bf16-H100]"],
@@ -623,9 +623,22 @@ MUTANTS = {
     ),
     # the fed dW's odd chunks' accumulators never join the sums
     "grad_weight_fed_drops_the_odd_chunks": (
-        "for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r] + acc[1][j][r], down, at_k[j]);",
-        "for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(acc[0][j][r], down, at_k[j]);",
+        "for (int j = 0; j < G::kKsize; ++j) add[j] = acc[0][j][r] + acc[1][j][r];",
+        "for (int j = 0; j < G::kKsize; ++j) add[j] = acc[0][j][r];",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW's rank-0 sums held in registers never reach the CTA's sums after the last step
+    "grad_weight_fed_carry_left_in_registers": (
+        "if (cw < G::kRowWarps && tq == 0) flush_carry();",
+        "if (false) flush_carry();",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
+    ),
+    # the fed dW's rank-0 carry goes on to rank 0's next k without adding what it held for the previous one
+    "grad_weight_fed_carry_dropped_when_k_changes": (
+        "flush_carry();\n              carry_k = k_of_rank[0];",
+        "carry_k = k_of_rank[0];",
+        [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100"),
+         "test_training_weight_gradient_with_many_channels_a_step[H100]"],
     ),
     # the fed dW's row warps read the producer's B of the step before (the other buffer)
     "grad_weight_fed_built_b_from_the_other_buffer": (
@@ -633,13 +646,15 @@ MUTANTS = {
         "smem_u32(smem + G::kBOffset + ((step - begin + 1) & 1) * G::kBBytes)",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
-    # the fed dW's producer puts every pixel's B value in the low half of its word: odd ranks land in even columns
+    # the fed dW's producer puts every pixel's B values (hi, and db's lo) in the low half of its word: odd ranks land in
+    # even columns
     "grad_weight_fed_built_b_odd_ranks_in_even_columns": (
-        "const uint32_t v = k >= 0 && rank < 8 ? hi << (16 * (rank & 1)) : 0u, w = rank >> 1;",
-        "const uint32_t v = k >= 0 && rank < 8 ? hi : 0u, w = rank >> 1;",
+        "const uint32_t shift = 16 * (rank & 1), w = rank >> 1;",
+        "const uint32_t shift = 0, w = rank >> 1;",
         [node("test_training_backward_follows_the_saved_argmin", shape="saving_forward-H100")],
     ),
-    # the fed dW's bias warp never adds the accumulator of each chunk's pixels 8-15
+    # the fed dW's bias warp never adds its second accumulator (each chunk's pixels 8-15; with B built for db, the odd
+    # chunks)
     "grad_weight_fed_bias_drops_the_second_half": (
         "*at_k = fmaf(acc[0][r] + acc[1][r], down, *at_k);",
         "*at_k = fmaf(acc[0][r], down, *at_k);",
@@ -665,9 +680,8 @@ MUTANTS = {
     ),
     # the fed dW's producer warps rank by their own warp's set of k, not the step's
     "grad_weight_fed_ranks_by_its_warp_alone": (
-        "uint64_t held = 0;  // the step's set of k: every producer warp's\n#pragma unroll\n"
-        "          for (int w = 0; w < G::kProducerWarps; ++w) held |= held_words[w];",
-        "uint64_t held = held_words[warp];",
+        "held |= held_words[w];\n            largest = max(largest, largest_words[w]);",
+        "held = held_words[warp];\n            largest = max(largest, largest_words[w]);",
         ["test_training_weight_gradient_with_many_channels_a_step[H100]"],
     ),
     # the fed dW's bias warp adds a batch's db at the ranks' positions instead of their k
@@ -684,15 +698,15 @@ MUTANTS = {
     ),
     # the fed dW multiplies a step with a NaN or an infinity in its window instead of walking it
     "grad_weight_fed_never_walks": (
-        "walk |= row_walks(ring.slot(rows - i));",
-        "walk |= false;",
+        "walks = walks << 1 | (row_walks(ring.slot(rows)) ? 1u : 0u);",
+        "walks = walks << 1;",
         [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-one_step-H100-tf32"),
          node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-A100-tf32")],
     ),
     # the fed dW walks a step only for its newest row: a NaN stays in the window two steps more
     "grad_weight_fed_walks_for_the_newest_row_only": (
-        "for (int i = 1; i <= G::kKsize; ++i) walk |=",
-        "for (int i = 1; i <= 1; ++i) walk |=",
+        "if (walks & 7u) {  // a row of the window walks",
+        "if (walks & 1u) {  // a row of the window walks",
         [node("test_training_nan_and_inf_get_the_reference_gradients", shape="saving_forward-many_steps-H100-tf32")],
     ),
     # the fed dW multiplies rows that are all tiny in fp16 (2^-24 steps, or 0 below 2^-24) instead of walking them
@@ -710,18 +724,19 @@ MUTANTS = {
         "if (false) {",
         ["test_training_weight_gradient_ignores_an_earlier_strips_infinities[H100]"],
     ),
-    # the operand scale's pass skips the last word of each 16-byte load, or the tail past the last whole load
-    "grad_scale_skips_a_word": (
-        "for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z), take_word(v[u].w);",
-        "for (int u = 0; u < 4; ++u) take_word(v[u].x), take_word(v[u].y), take_word(v[u].z);",
-        ["test_training_weight_gradient_scale_sees_every_element_of_g[aligned-tf32]",
-         "test_training_weight_gradient_scale_sees_every_element_of_g[aligned-bf16]"],
-    ),
-    "grad_scale_skips_the_tail": (
-        "for (int64_t i = scalar_from + first; i < count; i += threads) take(convert<float>(g[i]));",
-        "for (int64_t i = scalar_from + first; i < count - 1; i += threads) take(convert<float>(g[i]));",
+    # each producer warp scales its pixels' gm by its own largest |gm|, not the step's: the consumers undo warp 0's
+    "grad_scale_of_one_warp": (
+        "largest = max(largest, largest_words[w]);",
+        "largest = max(largest, 0u);",
         ["test_training_weight_gradient_scale_sees_every_element_of_g[aligned-tf32]",
          "test_training_weight_gradient_scale_sees_every_element_of_g[offset-bf16]"],
+    ),
+    # the step's largest |gm| taken over NaNs and infinities too: a step with an infinite g scales its finite gm to 0
+    "grad_scale_counts_infinities": (
+        "if (magnitude < 0x7F800000u) largest = max(largest, magnitude);",
+        "largest = max(largest, magnitude);",
+        ["test_training_weight_gradient_infinite_g_keeps_its_steps_finite_gm[H100-tf32]",
+         "test_training_weight_gradient_infinite_g_keeps_its_steps_finite_gm[A100-bf16]"],
     ),
     # the gradient of tanh(tanh(m)) without the inner tanh's factor
     "min_grad_drops_the_inner_tanh": (

@@ -5,7 +5,7 @@ that leaves every digest as it was (comments, names, layout of the source) needs
 
     python tools/machine_code.py                       # sm_90a digests of the current model_new.py, as JSON
     python tools/machine_code.py --arch sm_80 --source other/model_new.py
-    python tools/machine_code.py --compare results/h200.json   # exit 1 if any kernel's digest differs
+    python tools/machine_code.py --compare results/h100.json   # exit 1 if any kernel's digest differs
 
 The build uses the flags the extension's build gives nvcc (torch's common nvcc flags, -O3, the C++ standard of
 model_new._cuda_std()), so the digests match the code that ran, where the nvcc version is the same.

@@ -2,7 +2,7 @@
 
     python tools/readme_table.py                   # rewrite the blocks of README.md from results/<gpu>.json
     python tools/readme_table.py --check           # exit 1 if README.md's blocks are not what this would write
-    python tools/readme_table.py --json results/h200.json --readme README.md --commit 1a2b3c4
+    python tools/readme_table.py --json results/h100.json --readme README.md --commit 1a2b3c4
 
 Two blocks, each between `<!-- NAME:begin -->` and `<!-- NAME:end -->`:
   results-table   eager / torch.compile (max-autotune) / ModelNew / speedup / KernelBench per precision and the

@@ -2345,9 +2345,10 @@ def test_training_weight_gradient_scales_with_the_output_gradient(profile, preci
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset"])
 def test_training_weight_gradient_scale_sees_every_element_of_g(precision, aligned, tf32_default):
-    """The tensor cores' operand scale comes from the largest |g|. One element of g 2^20 above the rest, at each
-    position of a 16-byte word (and in the tail past the last whole word), in g 16-byte aligned and one element off:
-    an element the scale's pass skips would overflow fp16 once scaled, and dW would not be finite."""
+    """The tensor cores' operand scale is each step's, from its largest |gm|. One element of g 2^20 above the rest, at
+    each of the first 8 pixels (producer warp 0) and at the last one (warp 1), in g 16-byte aligned and one element
+    off: a pixel the step's scale does not see would overflow fp16 once scaled, or be unscaled by another warp's
+    scale, and dW would be wrong."""
     new, x, g, _ = _train_setup("A100", precision, (2, 16, 21, 37), seed=68)  # 2 * 19 * 35 pixels: a tail of 2
     w, b = new.conv.weight.detach(), new.conv.bias.detach()
     with harness.emulated("A100"):

@@ -578,21 +578,31 @@ __global__ void __launch_bounds__(GradWeightFed<kBuiltB>::kThreads, GradWeightFe
               carry_k = k_of_rank[0];
             }
             __syncwarp();
+            // The lane's entries in the CTA's sums (each (k, c, j) its own: distinct ranks have distinct k) all read
+            // first, then added and stored: no entry's read waits for another's store.
+            bool to_sums[4];
+            float* at_k[4];
+            float held_sum[4][G::kKsize];
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
               const int rank = 8 * batch + 2 * tq + (r & 1), c = gq + 8 * (r >> 1);
-              if (rank >= ranks) continue;
+              to_sums[r] = rank < ranks && !(carries && (r & 1) == 0);
+              at_k[r] = sums + (to_sums[r] ? k_of_rank[rank] : 0) * G::kPartial + c * G::kTaps + cw * G::kKsize;
+#pragma unroll
+              for (int j = 0; j < G::kKsize; ++j) held_sum[r][j] = to_sums[r] ? at_k[r][j] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
               float add[G::kKsize];
 #pragma unroll
               for (int j = 0; j < G::kKsize; ++j) add[j] = acc[0][j][r] + acc[1][j][r];
-              if (carries && (r & 1) == 0) {
+              if (carries && (r & 1) == 0) {  // rank 0 (ranks >= 1)
 #pragma unroll
                 for (int j = 0; j < G::kKsize; ++j) carry[r >> 1][j] = fmaf(add[j], down, carry[r >> 1][j]);
-                continue;
-              }
-              float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;
+              } else if (to_sums[r]) {
 #pragma unroll
-              for (int j = 0; j < G::kKsize; ++j) at_k[j] = fmaf(add[j], down, at_k[j]);
+                for (int j = 0; j < G::kKsize; ++j) at_k[r][j] = fmaf(add[j], down, held_sum[r][j]);
+              }
             }
           }
         } else {

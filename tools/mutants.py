@@ -674,8 +674,8 @@ MUTANTS = {
     ),
     # the fed dW adds a batch's sums at the ranks' positions instead of their k
     "grad_weight_fed_sums_at_the_rank": (
-        "float* const at_k = sums + k_of_rank[rank] * G::kPartial + c * G::kTaps + cw * G::kKsize;",
-        "float* const at_k = sums + rank * G::kPartial + c * G::kTaps + cw * G::kKsize;",
+        "at_k[r] = sums + (to_sums[r] ? k_of_rank[rank] : 0) * G::kPartial + c * G::kTaps + cw * G::kKsize;",
+        "at_k[r] = sums + (to_sums[r] ? rank : 0) * G::kPartial + c * G::kTaps + cw * G::kKsize;",
         ["test_training_weight_gradient_with_many_channels_a_step[A100]"],
     ),
     # the fed dW's producer warps rank by their own warp's set of k, not the step's

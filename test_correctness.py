@@ -630,6 +630,24 @@ def test_timeline_stamps_the_current_source():
     assert proc.returncode == 2 and f"expected a wgmma kernel ({wgmma}), got 'sm80_bf16'" in proc.stderr, proc.stderr
 
 
+def test_dw_timeline_stamps_the_current_source():
+    """tools/experiments/dw_timeline.py stamps the fed weight gradient the same way: each anchor exactly once, so that
+    the producer's seven stamps a row and each consumer warp's five a step are where their names say (the chunk loop's
+    end twice: a row warp's and the bias warp's)."""
+    sys.path.insert(0, os.path.join(HERE, "tools", "experiments"))
+    import dw_timeline
+
+    with open(model_new.__file__) as f:
+        text = f.read()
+    stamped = dw_timeline.stamped_source(text)
+    assert [stamped.count(f"KB25_PSTAMP({k});") for k in range(7)] == [1] * 7
+    assert [stamped.count(f"KB25_CSTAMP({k});") for k in range(5)] == [1, 1, 2, 1, 1]
+    assert 'EXTENSION_NAME = "kb25_conv_min_tanh2_dw_timeline"' in stamped
+    with pytest.raises(ValueError, match="expected 1 copy of 'named_barrier"):
+        dw_timeline.stamped_source(text.replace("G::kProducerBarrier);\n          uint64_t held = 0;",
+                                                "G::kProducerBarrier);\n          uint64_t held  = 0;"))
+
+
 def test_argmin_ties_probe_gives_design_mds_shares():
     """tools/experiments/argmin_ties.py, whose shares design.md quotes (the pixels where a 16-bit reference's torch.min
     routes the gradient elsewhere than float64's argmin, which the saving forward follows), gives them again on one

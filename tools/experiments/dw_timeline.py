@@ -2,8 +2,8 @@
 each input row its producer (thread 0 of the CTA) stamps when it waits for the row's staged copies, has them, starts
 storing, has its slot, has stored the body, has passed the record's barrier and has committed the row; for each step
 each consumer warp (lane 0: the three row warps and the bias warp) stamps its top, its rows in, its chunk loop done
-(the last batch's), its sums added and its release. The stamps go into a copy of model_new.py (blocks 0-3), built under its own extension name in a temporary
-directory; the project's build is not touched. Prints, in SM cycles, per block: the medians over rows (steps) FIRST
+(the last batch's), its sums added and its release. The stamps go into a copy of model_new.py (blocks 0-3), built
+under its own extension name in a temporary directory; the project's build is not touched. Prints, in SM cycles, per block: the medians over rows (steps) FIRST
 .. LAST - 1 of the producer's row period and its parts, and of each consumer warp's step period and its parts; then
 8 rows and steps of block 0 relative to the first.
 

@@ -19,6 +19,8 @@ import statistics
 import sys
 import tempfile
 
+import timeline
+
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 BLOCKS, STEPS, ROWS = 4, 128, 128  # stamped blocks, steps a consumer warp, rows a producer
 WARPS = 4  # consumer warps: row offsets 0-2, the bias
@@ -29,25 +31,8 @@ PRODUCER_BASE = BLOCKS * WARPS * STEPS * 8
 STAMP_COUNT = PRODUCER_BASE + BLOCKS * ROWS * 8
 
 # (anchor in model_new.py, its replacement[, copies]): each anchor must be there exactly once (or `copies` times).
-EDITS = (
-    ('EXTENSION_NAME = "kb25_conv_min_tanh2"\n', 'EXTENSION_NAME = "kb25_conv_min_tanh2_dw_timeline"\n'),
-    ('extern "C" int fused_kernel_smem_bytes(int kernel);\n',
-     'extern "C" int fused_kernel_smem_bytes(int kernel);\nextern "C" long long timeline_stamp(int i);\n', 2),
-    ('"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]',
-     '"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches", "timeline_stamp"]'),
-    ("// The producer's tag for the fed dW: Tf32OnF16's narrowing",
-     f"__device__ unsigned long long kb25_stamps[{STAMP_COUNT}];\n"
-     "// i = -1: clear the stamps; i = 0: copy them out and return the first; i > 0: return stamp i of that copy.\n"
-     'extern "C" long long timeline_stamp(int i) {\n'
-     f"  static unsigned long long host[{STAMP_COUNT}];\n"
-     "  if (i < 0) {\n"
-     "    for (unsigned long long& h : host) h = 0;\n"
-     "    return cudaMemcpyToSymbol(kb25_stamps, host, sizeof(host)) == cudaSuccess ? 0 : -1;\n"
-     "  }\n"
-     "  if (i == 0 && cudaMemcpyFromSymbol(host, kb25_stamps, sizeof(host)) != cudaSuccess) return -1;\n"
-     "  return (long long)host[i];\n"
-     "}\n"
-     "// The producer's tag for the fed dW: Tf32OnF16's narrowing"),
+EDITS = timeline.accessor_edits("dw_timeline", "// The producer's tag for the fed dW: Tf32OnF16's narrowing",
+                                STAMP_COUNT) + (
     # producer
     ("      const int ptid = threadIdx.x, warp = ptid >> 5;\n      const typename G::Producer producer(x, H, W, ptid);\n",
      "      const int ptid = threadIdx.x, warp = ptid >> 5;\n      const typename G::Producer producer(x, H, W, ptid);\n"
@@ -87,14 +72,7 @@ EDITS = (
 
 def stamped_source(text):
     """model_new.py's text with the stamps in; fails naming the first anchor that is not there exactly once."""
-    for anchor, replacement, *copies in EDITS:
-        copies = copies[0] if copies else 1
-        count = text.count(anchor)
-        if count != copies:
-            raise ValueError(f"dw_timeline: expected {copies} cop{'y' if copies == 1 else 'ies'} of "
-                             f"{anchor.strip()[:60]!r} in model_new.py, found {count}")
-        text = text.replace(anchor, replacement)
-    return text
+    return timeline.stamped_source(text, EDITS, "dw_timeline")
 
 
 def medians(rows, names, first, last):
@@ -152,13 +130,7 @@ def main():
     work = tempfile.mkdtemp(prefix="kb25_dw_timeline_")
     try:
         with open(args.source) as f:
-            text = stamped_source(f.read())
-        with open(os.path.join(work, "model_new.py"), "w") as f:
-            f.write(text)
-        for name in ("harness.py", "reference.py"):
-            shutil.copy(os.path.join(HERE, name), work)
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(work, "ext"))
-        sys.path.insert(0, work)
+            timeline.use_stamped_copy(stamped_source(f.read()), work)
         import torch
         import harness
         import model_new

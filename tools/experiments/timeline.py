@@ -33,27 +33,33 @@ PRODUCER_STAMPS = ("top", "load", "slot", "store")
 PRODUCER_BASE = BLOCKS * 2 * STEPS * 8
 STAMP_COUNT = PRODUCER_BASE + BLOCKS * 2 * ROWS * 4
 
+def accessor_edits(suffix, anchor, count):
+    """The edits that give a stamped copy its own extension name (kb25_conv_min_tanh2_<suffix>) and `count` stamps in
+    a __device__ buffer, placed before `anchor`, which timeline_stamp (declared in both translation units and exported
+    to Python) clears, copies out and reads."""
+    return (
+        ('EXTENSION_NAME = "kb25_conv_min_tanh2"\n', f'EXTENSION_NAME = "kb25_conv_min_tanh2_{suffix}"\n'),
+        ('extern "C" int fused_kernel_smem_bytes(int kernel);\n',
+         'extern "C" int fused_kernel_smem_bytes(int kernel);\nextern "C" long long timeline_stamp(int i);\n', 2),
+        ('"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]',
+         '"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches", "timeline_stamp"]'),
+        (anchor,
+         f"__device__ unsigned long long kb25_stamps[{count}];\n"
+         "// i = -1: clear the stamps; i = 0: copy them out and return the first; i > 0: return stamp i of that copy.\n"
+         'extern "C" long long timeline_stamp(int i) {\n'
+         f"  static unsigned long long host[{count}];\n"
+         "  if (i < 0) {\n"
+         "    for (unsigned long long& h : host) h = 0;\n"
+         "    return cudaMemcpyToSymbol(kb25_stamps, host, sizeof(host)) == cudaSuccess ? 0 : -1;\n"
+         "  }\n"
+         "  if (i == 0 && cudaMemcpyFromSymbol(host, kb25_stamps, sizeof(host)) != cudaSuccess) return -1;\n"
+         "  return (long long)host[i];\n"
+         "}\n" + anchor),
+    )
+
+
 # (anchor in model_new.py, its replacement[, copies]): each anchor must be there exactly once (or `copies` times).
-EDITS = (
-    ('EXTENSION_NAME = "kb25_conv_min_tanh2"\n', 'EXTENSION_NAME = "kb25_conv_min_tanh2_timeline"\n'),
-    # the declarations both translation units share (csrc/generated/config.h, bundled into each)
-    ('extern "C" int fused_kernel_smem_bytes(int kernel);\n',
-     'extern "C" int fused_kernel_smem_bytes(int kernel);\nextern "C" long long timeline_stamp(int i);\n', 2),
-    ('"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches"]',
-     '"run_fused_kernel", "fused_kernel_smem_bytes", "fused_kernel_launches", "timeline_stamp"]'),
-    ("// A producer thread's walk over one consumer's rows",
-     f"__device__ unsigned long long kb25_stamps[{STAMP_COUNT}];\n"
-     "// i = -1: clear the stamps; i = 0: copy them out and return the first; i > 0: return stamp i of that copy.\n"
-     'extern "C" long long timeline_stamp(int i) {\n'
-     f"  static unsigned long long host[{STAMP_COUNT}];\n"
-     "  if (i < 0) {\n"
-     "    for (unsigned long long& h : host) h = 0;\n"
-     "    return cudaMemcpyToSymbol(kb25_stamps, host, sizeof(host)) == cudaSuccess ? 0 : -1;\n"
-     "  }\n"
-     "  if (i == 0 && cudaMemcpyFromSymbol(host, kb25_stamps, sizeof(host)) != cudaSuccess) return -1;\n"
-     "  return (long long)host[i];\n"
-     "}\n"
-     "// A producer thread's walk over one consumer's rows"),
+EDITS = accessor_edits("timeline", "// A producer thread's walk over one consumer's rows", STAMP_COUNT) + (
     # producer: top of a row, loads issued, slot acquired, row committed
     ("  for (uint32_t d = 0; ahead.valid(); ++d) {\n",
      f"  const bool stamp = blockIdx.x < {BLOCKS} && threadIdx.x % Traits::kProducerThreads == 0;\n"
@@ -84,16 +90,27 @@ EDITS = (
 )
 
 
-def stamped_source(text):
+def stamped_source(text, edits=EDITS, tool="timeline"):
     """model_new.py's text with the stamps in; fails naming the first anchor that is not there exactly once."""
-    for anchor, replacement, *copies in EDITS:
+    for anchor, replacement, *copies in edits:
         copies = copies[0] if copies else 1
         count = text.count(anchor)
         if count != copies:
-            raise ValueError(f"timeline: expected {copies} cop{'y' if copies == 1 else 'ies'} of "
+            raise ValueError(f"{tool}: expected {copies} cop{'y' if copies == 1 else 'ies'} of "
                              f"{anchor.strip()[:60]!r} in model_new.py, found {count}")
         text = text.replace(anchor, replacement)
     return text
+
+
+def use_stamped_copy(text, work):
+    """Write the stamped model_new.py into `work` beside harness.py and reference.py, and make it the one imported
+    (its extension built under `work`)."""
+    with open(os.path.join(work, "model_new.py"), "w") as f:
+        f.write(text)
+    for name in ("harness.py", "reference.py"):
+        shutil.copy(os.path.join(HERE, name), work)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(work, "ext"))
+    sys.path.insert(0, work)
 
 
 def intervals_share(a, b, lo, hi):
@@ -162,13 +179,7 @@ def main():
         for name in args.kernels:
             if name not in wgmma:
                 p.error(f"expected a wgmma kernel ({', '.join(wgmma)}), got {name!r}")
-        text = stamped_source(text)
-        with open(os.path.join(work, "model_new.py"), "w") as f:
-            f.write(text)
-        for name in ("harness.py", "reference.py"):
-            shutil.copy(os.path.join(HERE, name), work)
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(work, "ext"))
-        sys.path.insert(0, work)
+        use_stamped_copy(stamped_source(text), work)
         import torch
         import harness
         import model_new

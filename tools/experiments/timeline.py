@@ -33,6 +33,7 @@ PRODUCER_STAMPS = ("top", "load", "slot", "store")
 PRODUCER_BASE = BLOCKS * 2 * STEPS * 8
 STAMP_COUNT = PRODUCER_BASE + BLOCKS * 2 * ROWS * 4
 
+
 def accessor_edits(suffix, anchor, count):
     """The edits that give a stamped copy its own extension name (kb25_conv_min_tanh2_<suffix>) and `count` stamps in
     a __device__ buffer, placed before `anchor`, which timeline_stamp (declared in both translation units and exported

@@ -2270,8 +2270,10 @@ namespace kb25 {
 // d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
 // take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
 // slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
-// for it, reads it and releases it.
-template <int kSlots, int kSlotBytes>
+// for it, reads it and releases it. kAsyncReaders: the consumer reads the slots by wgmma (the async proxy), so a commit
+// first publishes the rows' generic-proxy stores to it; a consumer that reads by ldmatrix or plain loads (the fed dW)
+// needs only the mbarrier's release and acquire.
+template <int kSlots, int kSlotBytes, bool kAsyncReaders = true>
 struct RowRing {
   unsigned char* const slots;
   uint64_t* const bars;  // (full, empty) per slot
@@ -2289,7 +2291,7 @@ struct RowRing {
   // On a fresh barrier the phase before phase 0 counts as completed: the first pass over the ring does not wait.
   __device__ void acquire(uint32_t d) const { mbarrier_wait(empty(d), phase(d) ^ 1); }
   __device__ void commit(uint32_t d) const {
-    fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
+    if constexpr (kAsyncReaders) fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
     mbarrier_arrive(full(d));
   }
   __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }
@@ -2420,7 +2422,7 @@ struct GradWeightFedOf : GradGeometry {
   static constexpr int kSlotBytes = (kScaleOffset + 4 + 15) / 16 * 16;
   static constexpr int kProducerBarrier = 1;  // named barrier of the producer warps (0 is __syncthreads)
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
-  using Ring = RowRing<kSlots, kSlotBytes>;
+  using Ring = RowRing<kSlots, kSlotBytes, false>;  // read by ldmatrix and plain loads: no proxy fence
   static constexpr int kRingBytes = kSlots * kSlotBytes;
   static constexpr int kSumBytes = kCout * kPartial * 4;
   static constexpr int kPoisonBytes = kPartial * 8;
@@ -3997,7 +3999,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   using Schedule = Schedule_;
   using Epilogue = EpilogueFor<false>;
   static_assert(EpilogueFor<true>::kSmemBytes == Epilogue::kSmemBytes, "one layout for both variants");
-  using Ring = RowRing<kRing_, Geometry::kSlotBytes>;
+  using Ring = RowRing<kRing_, Geometry::kSlotBytes, kUsesWgmma>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kProducers = kProducerWarps * 32;  // threads; the consumers' warpgroups follow them
   static constexpr int kThreads = kProducers + kConsumers * Geometry::kWarpgroup;

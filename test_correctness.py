@@ -921,6 +921,24 @@ def test_cuda_source_compiles_for_every_arch_without_spills(arch, std, fused_sme
         assert "potential performance loss" not in report.lower(), report
 
 
+def test_only_the_wgmma_rings_fence_the_async_proxy():
+    """A row ring's commit publishes the producer's shared-memory stores to the async proxy (fence.proxy.async) only
+    where the consumer reads the slots by wgmma (ring.cuh, kAsyncReaders): in the sm_90a PTX every wgmma fused kernel
+    fences at its setup and at its commits, and the mma.sync kernels and the fed dW (ldmatrix and plain loads, which
+    the mbarrier's release and acquire order) never do; the fence cost the fed dW 2-3% (docs/perf-notes.md, v65)."""
+    _ptxas_report("90a", "c++17")  # skips where there is no nvcc; the build is the compile test's
+    ptx = SOURCE_TARGETS.ptx("90a", "c++17")
+    entries = re.split(r"\n\s*// \.globl\s+", ptx)[1:]
+    fences = {e.split("\n", 1)[0].strip(): e.count("fence.proxy.async") for e in entries}
+    wgmma = {row.name for row in model_new.FUSED_TABLE if row.mma == "wgmma"}
+    fused = {k: n for k, n in fences.items() if "conv3x3_min_tanh2_kernel" in k}
+    fed = {k: n for k, n in fences.items() if "grad_weight_fed_kernel" in k}
+    assert len(fused) == 2 * len(model_new.FUSED_TABLE) and len(fed) == 2 * len(model_new.ARGMIN_BACKWARD_DTYPES)
+    for k, n in fused.items():
+        assert (n >= 2) if _instantiation(k)[0] in wgmma else (n == 0), (k, n)
+    assert not any(fed.values()), fed
+
+
 RATE_TOOLS = ["hmma_rate.cu", "wgmma_rate.cu", "rotate_rate.cu", "winograd_rate.cu", "winograd_wgmma_rate.cu",
               "winograd1d_rate.cu"]
 

@@ -125,7 +125,7 @@ struct GradWeightFedOf : GradGeometry {
   static constexpr int kSlotBytes = (kScaleOffset + 4 + 15) / 16 * 16;
   static constexpr int kProducerBarrier = 1;  // named barrier of the producer warps (0 is __syncthreads)
   static constexpr int kSlots = 4;  // the 3-row window and the row being stored
-  using Ring = RowRing<kSlots, kSlotBytes>;
+  using Ring = RowRing<kSlots, kSlotBytes, false>;  // read by ldmatrix and plain loads: no proxy fence
   static constexpr int kRingBytes = kSlots * kSlotBytes;
   static constexpr int kSumBytes = kCout * kPartial * 4;
   static constexpr int kPoisonBytes = kPartial * 8;

@@ -9,8 +9,10 @@ namespace kb25 {
 // d-th row the consumer receives; 32-bit counters never wrap: a consumer receives fewer than 2^32 rows, which would
 // take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
 // slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
-// for it, reads it and releases it.
-template <int kSlots, int kSlotBytes>
+// for it, reads it and releases it. kAsyncReaders: the consumer reads the slots by wgmma (the async proxy), so a commit
+// first publishes the rows' generic-proxy stores to it; a consumer that reads by ldmatrix or plain loads (the fed dW)
+// needs only the mbarrier's release and acquire.
+template <int kSlots, int kSlotBytes, bool kAsyncReaders = true>
 struct RowRing {
   unsigned char* const slots;
   uint64_t* const bars;  // (full, empty) per slot
@@ -28,7 +30,7 @@ struct RowRing {
   // On a fresh barrier the phase before phase 0 counts as completed: the first pass over the ring does not wait.
   __device__ void acquire(uint32_t d) const { mbarrier_wait(empty(d), phase(d) ^ 1); }
   __device__ void commit(uint32_t d) const {
-    fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
+    if constexpr (kAsyncReaders) fence_proxy_async();  // the rows' generic-proxy stores, published to wgmma
     mbarrier_arrive(full(d));
   }
   __device__ void wait(uint32_t d) const { mbarrier_wait(full(d), phase(d)); }

@@ -57,7 +57,7 @@ struct FusedTraits : ConvGeometry<Precision, kTileCols, kMma == MmaKind::kWgmma>
   using Schedule = Schedule_;
   using Epilogue = EpilogueFor<false>;
   static_assert(EpilogueFor<true>::kSmemBytes == Epilogue::kSmemBytes, "one layout for both variants");
-  using Ring = RowRing<kRing_, Geometry::kSlotBytes>;
+  using Ring = RowRing<kRing_, Geometry::kSlotBytes, kUsesWgmma>;
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kProducers = kProducerWarps * 32;  // threads; the consumers' warpgroups follow them
   static constexpr int kThreads = kProducers + kConsumers * Geometry::kWarpgroup;

@@ -195,6 +195,7 @@ class SourceTargets:
     def __init__(self, jobs, source, nvcc_flags, timeout=600):
         self.jobs, self.source, self.nvcc_flags, self.timeout = jobs, source, nvcc_flags, timeout
         self._groups = {}  # (arch, std) -> the key of the nvcc run that builds it
+        self._ptx_files = {}  # (arch, std) -> the PTX that run kept
 
     def start(self, targets, priority):
         """Queue the nvcc runs of `targets` (arch, std) that no earlier start() queued: one per standard."""
@@ -218,6 +219,12 @@ class SourceTargets:
         targets = self.jobs.result(self._groups[(arch, std)], None)
         return self.jobs.result(targets[arch], None)
 
+    def ptx(self, arch, std):
+        """The PTX of the CUDA source for compute_<arch> under `std`, as the nvcc run of report() kept it."""
+        self.report(arch, std)
+        with open(self._ptx_files[(arch, std)]) as f:
+            return f.read()
+
     def _ptx(self, std, archs, flags, source):
         """Runs in a worker: nvcc for every arch of `archs` under `std` (PTX kept), then queues ptxas per arch (or the
         single-target builds where the run is not clean). Returns arch -> the key of the job with its result."""
@@ -226,7 +233,10 @@ class SourceTargets:
         cmd = [*flags, "-c", *(f"-gencode=arch=compute_{a},code=compute_{a}" for a in archs), "--keep",
                f"--keep-dir={directory}", src, "-o", os.path.join(directory, "kernels.o")]
         proc = self.jobs.run(cmd, timeout=self.timeout * len(archs))
-        ptx = {a: os.path.join(directory, f"kernels.compute_{a}.ptx") for a in archs}
+        # nvcc names the kept PTX by its arch only where it builds several
+        ptx = {a: os.path.join(directory, f"kernels.compute_{a}.ptx" if len(archs) > 1 else "kernels.ptx")
+               for a in archs}
+        self._ptx_files.update({(a, std): path for a, path in ptx.items()})
         clean = proc.returncode == 0 and not (proc.stdout + proc.stderr).strip() and all(map(os.path.isfile,
                                                                                             ptx.values()))
         keys = {}

@@ -925,7 +925,7 @@ def test_only_the_wgmma_rings_fence_the_async_proxy():
     """A row ring's commit publishes the producer's shared-memory stores to the async proxy (fence.proxy.async) only
     where the consumer reads the slots by wgmma (ring.cuh, kAsyncReaders): in the sm_90a PTX every wgmma fused kernel
     fences at its setup and at its commits, and the mma.sync kernels and the fed dW (ldmatrix and plain loads, which
-    the mbarrier's release and acquire order) never do; the fence cost the fed dW 2-3% (docs/perf-notes.md, v65)."""
+    the mbarrier's release and acquire order) never do (docs/design.md, the fed dW)."""
     _ptxas_report("90a", "c++17")  # skips where there is no nvcc; the build is the compile test's
     ptx = SOURCE_TARGETS.ptx("90a", "c++17")
     entries = re.split(r"\n\s*// \.globl\s+", ptx)[1:]

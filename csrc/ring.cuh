@@ -10,8 +10,8 @@ namespace kb25 {
 // take over 10^14 input bytes) lives in slot index(d); its use of the slot is phase(d). The producer acquires a
 // slot (waits until the consumer has released its previous row), stores the row and commits it; the consumer waits
 // for it, reads it and releases it. kAsyncReaders: the consumer reads the slots by wgmma (the async proxy), so a commit
-// first publishes the rows' generic-proxy stores to it; a consumer that reads by ldmatrix or plain loads (the fed dW)
-// needs only the mbarrier's release and acquire.
+// first publishes the rows' generic-proxy stores to it; a consumer that reads by ldmatrix or plain loads (the fed dW,
+// the mma.sync kernels with producer warps) needs only the mbarrier's release and acquire.
 template <int kSlots, int kSlotBytes, bool kAsyncReaders = true>
 struct RowRing {
   unsigned char* const slots;

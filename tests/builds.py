@@ -222,7 +222,10 @@ class SourceTargets:
     def ptx(self, arch, std):
         """The PTX of the CUDA source for compute_<arch> under `std`, as the nvcc run of report() kept it."""
         self.report(arch, std)
-        with open(self._ptx_files[(arch, std)]) as f:
+        path = self._ptx_files.get((arch, std))
+        assert path and os.path.isfile(path), (f"no PTX kept for compute_{arch} under {std}: the nvcc run that builds it "
+                                               "beside other archs failed (their compile tests say why)")
+        with open(path) as f:
             return f.read()
 
     def _ptx(self, std, archs, flags, source):

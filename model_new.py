@@ -1260,17 +1260,14 @@ struct Schedule {
 
 namespace kb25 {
 
-// 1 - tanh(v)^2 and tanh(v), both from e = exp(-2|v|): 4e / (1 + e)^2 and +-(1 - e) / (1 + e). One ex2 and one rcp
-// on the SFU, where tanhf computes an exp branch and a polynomial and selects. gm's factor this way is within 1.6e-6
-// relative of float64's for |m| < 9 (mean 1.3e-7 below 1, where tanhf's route has 5e-8), and it keeps that where
-// tanh(m) nears 1, where 1 - tanhf(m)^2 cancels (|m| in [3, 6): up to 2.4e-3; tools/experiments/min_grad_error.py).
-// v = NaN gives NaN, +-inf 0 and +-1.
-__device__ __forceinline__ float sech2_and_tanh(float v, float& tanh_v) {
-  float e, r;
+// For v: e = exp(-2|v|) by ex2 and r = 1 / (1 + e) by rcp, on the SFU, from which tanh(v) = +-(1 - e) r and
+// 1 - tanh(v)^2 = 4 e r^2, where tanhf evaluates an exp branch and a polynomial and selects. gm's factor this way is
+// within 1.6e-6 relative of float64's for |m| < 9 (mean 1.3e-7 below 1, where tanhf's route has 5e-8), and keeps
+// that where tanh(m) nears 1, where 1 - tanhf(m)^2 cancels (|m| in [3, 6): up to 2.4e-3): a CPU simulation with the
+// PTX ISA's error bounds, tools/experiments/min_grad_error.py. v = NaN gives NaN, +-inf e = 0.
+__device__ __forceinline__ void tanh_terms(float v, float& e, float& r) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(-2.8853900817779268f * fabsf(v)));  // -2 log2(e) |v|
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + e));
-  tanh_v = copysignf((1.f - e) * r, v);
-  return 4.f * e * r * r;
 }
 
 // With t1 = tanh(m), t2 = tanh(t1) at a pixel's saved min m, its gradient gm = g * (1 - t2^2) * (1 - t1^2) (the two
@@ -1280,10 +1277,13 @@ __device__ __forceinline__ float sech2_and_tanh(float v, float& tanh_v) {
 // tanhf(m) is +-1 (|m| >= 9.010913, tanhf's own bound) the reference's 1 - t1^2 is 0, and so is the inner factor
 // here: an infinite g gives NaN there, as in the reference's chain.
 __device__ __forceinline__ float min_grad(float g, float m) {
-  float t1, t2;
-  float inner = sech2_and_tanh(m, t1);
+  float e, r;
+  tanh_terms(m, e, r);
+  const float t1 = copysignf((1.f - e) * r, m);
+  float inner = 4.f * e * r * r;
   inner = fabsf(m) >= 9.010913f ? 0.f : inner;  // a NaN m keeps its NaN
-  const float outer = sech2_and_tanh(t1, t2);
+  tanh_terms(t1, e, r);
+  const float outer = 4.f * e * r * r;
   return g * outer * inner;
 }
 

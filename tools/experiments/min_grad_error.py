@@ -1,9 +1,9 @@
 """CPU only: the relative error of gm's factor (1 - tanh(t1)^2)(1 - tanh(m)^2), t1 = tanh(m), against float64, by
-two fp32 routes: tanhf twice then 1 - t^2 (the reference's tanh_backward order), and the backward kernels'
-min_grad (each 1 - tanh(v)^2 as 4e / (1 + e)^2, e = exp(-2|v|) by ex2.approx and rcp.approx; the inner factor 0
-where |m| >= 9.010913, as tanhf's 1 - t^2). The SFU's ex2 is
-emulated as float64 exp2 rounded to fp32 and then perturbed by up to 2^-22 relative (the PTX ISA's bound), rcp as
-float64 1/x rounded to fp32; tanhf as float64 tanh rounded to fp32 (tanhf is within 2 ulps).
+two fp32 routes: tanhf twice then 1 - t^2 (the reference's tanh_backward order), and the backward kernels' min_grad
+(each 1 - tanh(v)^2 as 4e / (1 + e)^2, e = exp(-2|v|) by ex2.approx and rcp.approx; the inner factor 0 where
+|m| >= 9.010913, as tanhf's 1 - t^2). The SFU's ex2 is emulated as float64 exp2 rounded to fp32 and then perturbed
+by up to 2^-22 relative (the PTX ISA's bound), rcp as float64 1/x rounded to fp32; tanhf as float64 tanh rounded to
+fp32 (tanhf is within 2 ulps).
 
     python3 tools/experiments/min_grad_error.py
 """
@@ -24,7 +24,7 @@ def tanhf_route(m):
 
 
 def sfu_route(m, rng):
-    def sech2_and_tanh(v):
+    def sech2_and_tanh(v):  # min_grad's tanh_terms, then 4 e r^2 and +-(1 - e) r
         a = F32(-2.8853900817779268) * np.abs(v)
         e = (np.exp2(a.astype(np.float64)) * (1 + rng.uniform(-2**-22, 2**-22, a.shape))).astype(F32)
         r = (1 / (F32(1) + e).astype(np.float64)).astype(F32)

@@ -10,9 +10,11 @@ namespace kb25 {
 
 // For v: e = exp(-2|v|) by ex2 and r = 1 / (1 + e) by rcp, on the SFU, from which tanh(v) = +-(1 - e) r and
 // 1 - tanh(v)^2 = 4 e r^2, where tanhf evaluates an exp branch and a polynomial and selects. gm's factor this way is
-// within 1.6e-6 relative of float64's for |m| < 9 (mean 1.3e-7 below 1, where tanhf's route has 5e-8), and keeps
-// that where tanh(m) nears 1, where 1 - tanhf(m)^2 cancels (|m| in [3, 6): up to 2.4e-3): a CPU simulation with the
-// PTX ISA's error bounds, tools/experiments/min_grad_error.py. v = NaN gives NaN, +-inf e = 0.
+// within about 2e-6 relative of float64's for |m| < 9 (mean 1.3e-7 below 1, where tanhf's route has 5e-8), also
+// where tanh(m) nears 1 and 1 - tanhf(m)^2 cancels (|m| in [3, 6): up to 2.4e-3; [6, 9): up to 96%), so there gm is
+// nearer float64's than the fp32 reference's is (tools/experiments/min_grad_error.py, a CPU simulation: ex2's error
+// drawn within the PTX ISA's bound; with ex2's and rcp's both at their extremes, 1.9e-6). v = NaN gives NaN, +-inf
+// e = 0.
 __device__ __forceinline__ void tanh_terms(float v, float& e, float& r) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(-2.8853900817779268f * fabsf(v)));  // -2 log2(e) |v|
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + e));
@@ -22,8 +24,9 @@ __device__ __forceinline__ void tanh_terms(float v, float& e, float& r) {
 // tanh_backward steps of the reference, in its order) flows to its argmin channel k only. Everything in fp32; one
 // rounding to the element type at the end. The reference's sums are dense (zeros times the other channels), and
 // 0 * inf or 0 * NaN is NaN there: the kernels reproduce that where an input or a weight is not finite. Where
-// tanhf(m) is +-1 (|m| >= 9.010913, tanhf's own bound) the reference's 1 - t1^2 is 0, and so is the inner factor
-// here: an infinite g gives NaN there, as in the reference's chain.
+// tanhf(m) is +-1 (|m| >= 9.0109138) the fp32 reference's 1 - t1^2 is 0, and so is the inner factor here (from
+// 9.0109129, one float lower: at that one value the reference's is 2^-23): an infinite g gives NaN there, as in the
+// fp32 reference's chain. (A bf16 reference's tanh is 1 from |m| of about 3.5 on; gm is fp32 here in every precision.)
 __device__ __forceinline__ float min_grad(float g, float m) {
   float e, r;
   tanh_terms(m, e, r);

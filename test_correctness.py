@@ -2426,31 +2426,53 @@ def test_training_weight_gradient_infinite_g_keeps_its_steps_finite_gm(profile, 
     assert harness.relative_error(db, want[2]) <= ROUTED_TOL[precision], "db"
 
 
+def _first_saturated_tanh():
+    """The least float32 m > 0 whose tanh, torch's on the GPU, is 1 (m - 1 ulp's is below 1)."""
+    bits = torch.arange(0x41100000, 0x41110000, dtype=torch.int32, device="cuda")  # [9, 9.0625)
+    t = torch.tanh(bits.view(torch.float32))
+    assert bool((t[1:] >= t[:-1]).all()) and bool((t == 1).any()) and float(t[0]) < 1, "tanh saturates in [9, 9.0625)"
+    return int(bits[t == 1][0])
+
+
 @needs_cuda
-@pytest.mark.parametrize("precision", ["tf32", "strict_fp32", "bf16"])
+@pytest.mark.parametrize("precision,min_at", [("tf32", "far"), ("strict_fp32", "far"), ("bf16", "far"),
+                                              ("tf32", "first_saturated"), ("strict_fp32", "first_saturated"),
+                                              ("tf32", "last_unsaturated"), ("strict_fp32", "last_unsaturated")])
 @pytest.mark.parametrize("profile", ["H100", "A100"])
-def test_training_infinite_g_at_a_saturated_min_is_nan_as_in_the_reference(profile, precision, tf32_default):
-    """Where tanhf(m) is -1 (m = -20: the float64 chain's 1 - tanh(m)^2 is 2e-17, fp32's and bf16's are 0), the
-    reference's gm = g * (1 - t2^2) * (1 - t1^2) is 0, and an infinite g makes it NaN (inf * 0). Weights 0 and channel
-    0's bias -20, the others 0: every pixel's min is -20, at channel 0. dW and db as the reference's: channel 0 all
-    NaN, the rest 0. dX as the dense chain's: NaN on the 16 channels of the pixel's 3 x 3 taps (NaN * 0), 0 elsewhere;
-    not compared with the reference's own dX, whose NaN pattern is cuDNN's algorithm's (a Winograd or FFT one spreads
-    a NaN over a tile)."""
+def test_training_infinite_g_where_tanh_saturates_as_in_the_reference(profile, precision, min_at, tf32_default):
+    """Where tanh(m) is -1 the reference's gm = g * (1 - t2^2) * (1 - t1^2) is 0, and an infinite g makes it NaN (inf
+    * 0); one float nearer 0, where tanh(m) is not -1, it is an infinity. Weights 0 and channel 0's bias m, the others
+    0: every pixel's min is m, at channel 0. m = -20 (far: the float64 chain's 1 - tanh(m)^2 is 2e-17, fp32's and
+    bf16's are 0), or in fp32 at the GPU's tanh saturation: the first float whose tanh is -1, and the last before it.
+    dW and db as the reference's: channel 0 all NaN (saturated) or infinite (not), the rest 0. dX as the dense chain's:
+    NaN on the 16 channels of the pixel's 3 x 3 taps (inf * 0), 0 elsewhere; not compared with the reference's own dX,
+    whose NaN pattern is cuDNN's algorithm's (a Winograd or FFT one spreads a NaN over a tile)."""
     new, x, g, spec = _train_setup(profile, precision, (2, 16, 12, 20), seed=73)
+    m = -20.0
+    if min_at != "far":
+        first = _first_saturated_tanh()
+        m = -torch.tensor([first if min_at == "first_saturated" else first - 1], dtype=torch.int32).view(
+            torch.float32).item()
     with torch.no_grad():
         new.conv.weight.zero_()
         new.conv.bias.zero_()
-        new.conv.bias[0] = -20.0
+        new.conv.bias[0] = m
     g[1, 0, 4, 9] = float("inf")
     ref = reference.Model(16, 64, 3).cuda().to(spec.dtype)
     ref.load_state_dict(new.state_dict())
     with harness.emulated(profile):
         _, dx, dw, db = _grads(new, x, g)
+        _, argmin, pre_min = model_new.conv_min_tanh2_with_argmin(x, new.conv.weight.detach(),
+                                                                  new.conv.bias.detach(), AUTO)
+    assert bool((pre_min == new.conv.bias[0]).all()) and not bool(argmin.any()), "the saved min is m at channel 0"
     _, _, *want = _grads(ref, x, g)
     for name, got, ref_grad in zip("wb", (dw, db), want):
         assert torch.equal(got.isnan(), ref_grad.isnan()), name
         assert torch.equal(got.nan_to_num(), ref_grad.nan_to_num()), name
-    assert bool(dw[0].isnan().all()) and bool(db[0].isnan())
+    if min_at == "last_unsaturated":
+        assert bool(dw[0].isposinf().all()) and bool(db[0].isposinf()), "an infinite gm where tanh(m) is not -1"
+    else:
+        assert bool(dw[0].isnan().all()) and bool(db[0].isnan()), "NaN gm where tanh(m) is -1"
     taps = torch.zeros_like(dx, dtype=torch.bool)
     taps[1, :, 4:7, 9:12] = True
     assert torch.equal(dx.isnan(), taps), "dX's NaN"

@@ -24,15 +24,15 @@ __device__ __forceinline__ void tanh_terms(float v, float& e, float& r) {
 // tanh_backward steps of the reference, in its order) flows to its argmin channel k only. Everything in fp32; one
 // rounding to the element type at the end. The reference's sums are dense (zeros times the other channels), and
 // 0 * inf or 0 * NaN is NaN there: the kernels reproduce that where an input or a weight is not finite. Where
-// tanhf(m) is +-1 (|m| >= 9.0109138) the fp32 reference's 1 - t1^2 is 0, and so is the inner factor here (from
-// 9.0109129, one float lower: at that one value the reference's is 2^-23): an infinite g gives NaN there, as in the
-// fp32 reference's chain. (A bf16 reference's tanh is 1 from |m| of about 3.5 on; gm is fp32 here in every precision.)
+// tanhf(m) is +-1 (|m| >= 9.0109138, 0x41102CB4) the fp32 reference's 1 - t1^2 is 0, and so is the inner factor
+// here: an infinite g gives NaN there and an infinity one float lower, as in the fp32 reference's chain. (A bf16
+// reference's tanh is 1 from |m| of about 3.5 on; gm is fp32 here in every precision.)
 __device__ __forceinline__ float min_grad(float g, float m) {
   float e, r;
   tanh_terms(m, e, r);
   const float t1 = copysignf((1.f - e) * r, m);
   float inner = 4.f * e * r * r;
-  inner = fabsf(m) >= 9.010913f ? 0.f : inner;  // a NaN m keeps its NaN
+  inner = fabsf(m) >= 9.0109138f ? 0.f : inner;  // a NaN m keeps its NaN
   tanh_terms(t1, e, r);
   const float outer = 4.f * e * r * r;
   return g * outer * inner;

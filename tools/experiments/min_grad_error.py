@@ -1,7 +1,7 @@
 """CPU only: the relative error of gm's factor (1 - tanh(t1)^2)(1 - tanh(m)^2), t1 = tanh(m), against float64, by
 two fp32 routes: tanhf twice then 1 - t^2 (the reference's tanh_backward order), and the backward kernels' min_grad
 (each 1 - tanh(v)^2 as 4e / (1 + e)^2, e = exp(-2|v|) by ex2.approx and rcp.approx; the inner factor 0 where
-|m| >= 9.010913, as tanhf's 1 - t^2). The SFU's ex2 is emulated as float64 exp2 rounded to fp32 and then perturbed
+|m| >= 9.0109138, as tanhf's 1 - t^2). The SFU's ex2 is emulated as float64 exp2 rounded to fp32 and then perturbed
 by up to 2^-22 relative (the PTX ISA's bound), rcp as float64 1/x rounded to fp32; tanhf as float64 tanh rounded to
 fp32 (tanhf is within 2 ulps).
 
@@ -30,7 +30,7 @@ def sfu_route(m, rng):
         r = (1 / (F32(1) + e).astype(np.float64)).astype(F32)
         return F32(4) * e * r * r, np.copysign((F32(1) - e) * r, v)
     inner, t1 = sech2_and_tanh(m)
-    inner = np.where(np.abs(m) >= F32(9.010913), F32(0), inner)  # where tanhf(m) is +-1, as the reference's
+    inner = np.where(np.abs(m) >= F32(9.0109138), F32(0), inner)  # where tanhf(m) is +-1, as the reference's
     outer, _ = sech2_and_tanh(t1)
     return outer * inner
 

@@ -2427,11 +2427,11 @@ def test_training_weight_gradient_infinite_g_keeps_its_steps_finite_gm(profile, 
 
 
 def _first_saturated_tanh():
-    """The least float32 m > 0 whose tanh, torch's on the GPU, is 1 (m - 1 ulp's is below 1)."""
-    bits = torch.arange(0x41100000, 0x41110000, dtype=torch.int32, device="cuda")  # [9, 9.0625)
-    t = torch.tanh(bits.view(torch.float32))
-    assert bool((t[1:] >= t[:-1]).all()) and bool((t == 1).any()) and float(t[0]) < 1, "tanh saturates in [9, 9.0625)"
-    return int(bits[t == 1][0])
+    """The bits of the least float32 m > 0 whose -m's tanh, torch's on the GPU, is -1 (at m - 1 ulp it is above -1)."""
+    bits = torch.arange(0x41100000, 0x41110000, dtype=torch.int32, device="cuda")  # m in [9, 9.0625)
+    t = torch.tanh(-bits.view(torch.float32))
+    assert bool((t[1:] <= t[:-1]).all()) and bool((t == -1).any()) and float(t[0]) > -1, "saturates in (-9.0625, -9]"
+    return int(bits[t == -1][0])
 
 
 @needs_cuda

@@ -3,7 +3,7 @@ executable, run it, or compare two builds in alternating processes.
 
     python tools/kernels_alone.py build -o build/alone/tree                       # the current model_new.py
     python tools/kernels_alone.py build -o build/alone/base --source other/model_new.py
-    python tools/kernels_alone.py ab build/alone/base build/alone/tree --rounds 3 [--only grad_input] [-- ARGS]
+    python tools/kernels_alone.py ab build/alone/base build/alone/tree --rounds 3 [-- --only grad_input ...]
 
 `build` compiles the file's CUDA source with the extension's nvcc flags (tools/machine_code.py's) and checks that
 each of the file's kernels has the same machine code in the executable as in the extension's build: what it times is
